@@ -1,0 +1,32 @@
+"""Environments: the Env protocol, reward combination, the registry, and the built-in SQL environments."""
+
+from envs.base import (
+    Env,
+    EnvError,
+    Episode,
+    Segment,
+    StepResult,
+    start_episodes,
+    step_episodes,
+    tokenize_segments,
+)
+from envs.registry import BUILTIN_ENVS, ENTRY_POINT_GROUP, available_envs, make_env
+from envs.rewards import RewardBreakdown, RewardFn, WeightedRewards
+
+__all__ = [
+    "BUILTIN_ENVS",
+    "ENTRY_POINT_GROUP",
+    "Env",
+    "EnvError",
+    "Episode",
+    "RewardBreakdown",
+    "RewardFn",
+    "Segment",
+    "StepResult",
+    "WeightedRewards",
+    "available_envs",
+    "make_env",
+    "start_episodes",
+    "step_episodes",
+    "tokenize_segments",
+]

@@ -1,0 +1,134 @@
+"""The environment protocol: an Env starts Episodes from task rows, and an Episode answers each action.
+
+An episode's ``messages`` are the first chat turns. The model's reply goes to ``step(action_text)``; the
+returned ``StepResult.observation`` (text, or None) is environment-written, so its tokens must be masked
+out of the loss (``Segment(trainable=False)`` / ``tokenize_segments``). ``step_episodes`` steps many
+episodes at once and turns an exception inside a plugin's ``step`` into reward 0 plus an error in ``info``,
+never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, str]
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What an environment returns for one action.
+
+    ``reward`` is the weighted total; ``rewards`` holds each named component unweighted, for logging.
+    """
+
+    observation: str | None
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One play-through of one task."""
+
+    messages: list[Message]
+    max_turns: int
+
+    def step(self, action_text: str) -> StepResult: ...
+
+
+@runtime_checkable
+class Env(Protocol):
+    """Built once from flat keyword arguments; ``start`` turns a task row into an episode."""
+
+    max_turns: int
+
+    def start(self, task: Mapping[str, Any]) -> Episode: ...
+
+
+@dataclass(slots=True)
+class Segment:
+    """A piece of an episode's text. Prompts and observations are not trainable: the loss ignores them."""
+
+    text: str
+    trainable: bool
+
+
+def tokenize_segments(tokenizer: Any, segments: Sequence[Segment]) -> tuple[list[int], list[int]]:
+    """Token ids of the concatenated segments and their loss mask (1 = model-written, 0 = masked)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for segment in segments:
+        piece = tokenizer.encode(segment.text, add_special_tokens=False)
+        ids.extend(piece)
+        mask.extend([int(segment.trainable)] * len(piece))
+    return ids, mask
+
+
+def plugin_name(obj: object) -> str:
+    """The dotted name of the class behind an env or episode, used in error messages."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _safe_step(episode: Episode, action_text: str) -> StepResult:
+    try:
+        result = episode.step(action_text)
+        if not isinstance(result, StepResult):
+            raise TypeError(f"step() returned {type(result).__name__}, expected envs.StepResult")
+        return result
+    except Exception as exc:  # a broken plugin must not end a training run
+        name = plugin_name(episode)
+        logger.warning(
+            "env plugin %s raised in step(): %s: %s; reward set to 0", name, type(exc).__name__, exc
+        )
+        return StepResult(None, 0.0, True, info={"error": f"{type(exc).__name__}: {exc}", "plugin": name})
+
+
+_step_pool: ThreadPoolExecutor | None = None
+_step_pool_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _step_pool
+    with _step_pool_lock:
+        if _step_pool is None:
+            _step_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="env-step")
+        return _step_pool
+
+
+def step_episodes(episodes: Sequence[Episode], actions: Sequence[str]) -> list[StepResult]:
+    """Step each episode with its action concurrently (their SQL runs in parallel); results keep the order."""
+    if len(episodes) != len(actions):
+        raise ValueError(
+            f"got {len(episodes)} episodes but {len(actions)} actions; pass one action per episode"
+        )
+    if len(episodes) <= 1:
+        return [_safe_step(e, a) for e, a in zip(episodes, actions, strict=True)]
+    return list(_pool().map(_safe_step, episodes, actions))
+
+
+def start_episodes(env: Env, tasks: Sequence[Mapping[str, Any]]) -> list[Episode]:
+    """Start one episode per task row; a failure names the plugin and the row."""
+    episodes = []
+    for index, task in enumerate(tasks):
+        try:
+            episodes.append(env.start(task))
+        except Exception as exc:
+            raise EnvError(
+                f"env plugin {plugin_name(env)} failed to start an episode from task row {index}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    return episodes
+
+
+class EnvError(RuntimeError):
+    """An environment could not be found, imported, built or started."""

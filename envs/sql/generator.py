@@ -1,0 +1,122 @@
+"""The built-in text-to-SQL task generator: seeded databases, query families, a schema-disjoint split."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+from collections.abc import Callable, Sequence
+
+from datasets import Dataset, DatasetDict
+
+from envs.sql.datagen import TableData, domain_rows, write_database
+from envs.sql.domains import DOMAINS, TEST_DOMAINS, Domain
+from envs.sql.families import (
+    Candidate,
+    aggregate_family,
+    filter_family,
+    group_having_family,
+    order_limit_family,
+)
+from envs.sql.join_families import join2_family, join3_family, nested_family, set_ops_family
+from envs.sql.prompts import render_schema
+from envs.sql.sandbox import execute
+
+DEFAULT_DB_DIR = os.path.join(os.path.expanduser("~"), ".cache", "pagedrl", "sql_tasks")
+DIFFICULTIES = ("easy", "medium", "hard")
+# Family -> (draw function, tasks per database). Easy ones get the largest quotas: signal for small models.
+FAMILIES: dict[str, tuple[Callable[[random.Random, dict[str, TableData]], Candidate | None], int]] = {
+    "filter": (filter_family, 90),
+    "aggregate": (aggregate_family, 80),
+    "order_limit": (order_limit_family, 40),
+    "group_having": (group_having_family, 30),
+    "join2": (join2_family, 45),
+    "join3": (join3_family, 25),
+    "nested": (nested_family, 25),
+    "set_ops": (set_ops_family, 25),
+}
+_ATTEMPTS_PER_TASK = 20
+
+
+def database_path(db_dir: str, domain: Domain, seed: int) -> str:
+    """Where a domain's database lives; the name hashes spec and seed, so an edited spec gets a new file."""
+    digest = hashlib.sha1(f"{seed}:{domain!r}".encode()).hexdigest()[:10]
+    return os.path.join(db_dir, f"{domain.db_id}-{digest}.sqlite")
+
+
+def _with_articles(question: str) -> str:
+    return re.sub(r"\ba ([aeiouAEIOU])", r"an \1", question)
+
+
+def _usable(result_rows: list[tuple]) -> bool:
+    return bool(result_rows) and result_rows != [(0,)] and result_rows != [(None,)]
+
+
+def domain_tasks(
+    domain: Domain, db_path: str, tables: dict[str, TableData], seed: int, scale: float
+) -> list[dict]:
+    """Draw each family's quota of distinct tasks whose gold query runs and returns a non-empty result."""
+    rng = random.Random(f"tasks:{seed}:{domain.db_id}")
+    schema = render_schema(db_path)
+    tasks, seen = [], set()
+    for family, (draw, quota) in FAMILIES.items():
+        target, found = max(1, round(quota * scale)), 0
+        for _ in range(target * _ATTEMPTS_PER_TASK):
+            if found == target:
+                break
+            candidate = draw(rng, tables)
+            if candidate is None or candidate.sql in seen:
+                continue
+            result = execute(db_path, candidate.sql, max_rows=1000)
+            if not (result.ok and not result.truncated and _usable(result.rows)):
+                continue
+            seen.add(candidate.sql)
+            found += 1
+            tasks.append(
+                {
+                    "question": _with_articles(candidate.question),
+                    "db_id": domain.db_id,
+                    "db_path": db_path,
+                    "gold_sql": candidate.sql,
+                    "family": family,
+                    "difficulty": candidate.difficulty,
+                    "schema": schema,
+                    "evidence": "",
+                    "source": "generated",
+                }
+            )
+    return tasks
+
+
+def generate_sql_tasks(
+    seed: int = 0,
+    db_dir: str | None = None,
+    test_domains: Sequence[str] = TEST_DOMAINS,
+    scale: float = 1.0,
+    difficulties: Sequence[str] = DIFFICULTIES,
+) -> DatasetDict:
+    """Train/test text-to-SQL tasks; test databases never appear in train. Deterministic for ``seed``.
+
+    The SQLite files are written under ``db_dir`` (default ``~/.cache/pagedrl/sql_tasks``) once and reused.
+    ``scale`` multiplies every family's quota; ``difficulties`` keeps only those labels.
+    """
+    known = {d.db_id for d in DOMAINS}
+    unknown = sorted(set(test_domains) - known)
+    if unknown:
+        raise ValueError(f"unknown test domains {unknown}; choose from {sorted(known)}")
+    bad = sorted(set(difficulties) - set(DIFFICULTIES))
+    if bad:
+        raise ValueError(f"unknown difficulties {bad}; choose from {list(DIFFICULTIES)}")
+    db_dir = db_dir or DEFAULT_DB_DIR
+    splits: dict[str, list[dict]] = {"train": [], "test": []}
+    for domain in DOMAINS:
+        tables = domain_rows(domain, seed)
+        db_path = database_path(db_dir, domain, seed)
+        if not os.path.exists(db_path):
+            write_database(db_path, tables)
+        tasks = [
+            t for t in domain_tasks(domain, db_path, tables, seed, scale) if t["difficulty"] in difficulties
+        ]
+        splits["test" if domain.db_id in test_domains else "train"].extend(tasks)
+    return DatasetDict({name: Dataset.from_list(rows) for name, rows in splits.items()})

@@ -1,0 +1,91 @@
+"""Grading a completion against a task's gold query, and the SQL reward components built on it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from typing import Any
+
+from envs.rewards import WeightedRewards
+from envs.sql.match import gold_result, has_top_level_order_by, results_match
+from envs.sql.prompts import extract_sql
+from envs.sql.sandbox import execute
+
+_SQL_FENCE = re.compile(r"```[ \t]*sql\b.*?```", re.DOTALL | re.IGNORECASE)
+
+
+@dataclass(slots=True, frozen=True)
+class SqlGrade:
+    """The extracted query (None when there was none), whether it ran, whether it matched, and its error."""
+
+    sql: str | None
+    ok: bool
+    match: bool
+    error: str | None
+
+
+@lru_cache(maxsize=4096)
+def _grade_sql(db_path: str, gold_sql: str, sql: str, timeout_s: float) -> SqlGrade:
+    pred = execute(db_path, sql, timeout_s=timeout_s, max_rows=10_000, max_chars=10**9)
+    if not pred.ok:
+        return SqlGrade(sql, False, False, pred.error)
+    gold = gold_result(db_path, gold_sql, timeout_s)
+    return SqlGrade(sql, True, results_match(gold, pred, ordered=has_top_level_order_by(gold_sql)), None)
+
+
+def grade_completion(task: Mapping[str, Any], completion: str, timeout_s: float = 2.0) -> SqlGrade:
+    """Extract the SQL from ``completion`` and compare it with ``task['gold_sql']`` on ``task['db_path']``.
+
+    Results are cached, so several reward components can grade the same completion for the price of one.
+    """
+    sql = extract_sql(completion)
+    if sql is None:
+        return SqlGrade(None, False, False, "no SQL query found in the completion")
+    return _grade_sql(task["db_path"], task["gold_sql"], sql, timeout_s)
+
+
+def execution_reward(task: Mapping[str, Any], completion: str, timeout_s: float = 2.0) -> float:
+    """1.0 when the completion's query matches the gold result, else 0.0."""
+    return float(grade_completion(task, completion, timeout_s).match)
+
+
+def validity_penalty(
+    task: Mapping[str, Any],
+    completion: str,
+    no_sql_penalty: float,
+    error_penalty: float,
+    timeout_s: float = 2.0,
+) -> float:
+    """Minus ``no_sql_penalty`` when no SQL was found, minus ``error_penalty`` when it failed, else 0."""
+    grade = grade_completion(task, completion, timeout_s)
+    if grade.sql is None:
+        return -no_sql_penalty
+    return 0.0 if grade.ok else -error_penalty
+
+
+def sql_fence_format(task: Mapping[str, Any], completion: str) -> float:
+    """1.0 when the completion holds exactly one ```sql fenced block, as the single-turn prompt asks."""
+    return float(len(_SQL_FENCE.findall(completion)) == 1)
+
+
+def sql_rewards(
+    no_sql_penalty: float, error_penalty: float, format_weight: float, timeout_s: float
+) -> WeightedRewards:
+    """Components ``execution`` (weight 1), ``validity`` (penalties, weight 1) and ``format`` (optional)."""
+    return WeightedRewards(
+        {
+            "execution": (partial(execution_reward, timeout_s=timeout_s), 1.0),
+            "validity": (
+                partial(
+                    validity_penalty,
+                    no_sql_penalty=no_sql_penalty,
+                    error_penalty=error_penalty,
+                    timeout_s=timeout_s,
+                ),
+                1.0,
+            ),
+            "format": (sql_fence_format, format_weight),
+        }
+    )

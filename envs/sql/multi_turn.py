@@ -1,0 +1,105 @@
+"""``env=sql_multiturn``: explore with ``<sql>...</sql>``, read ``<observation>``, finish with ``<answer>``.
+
+The reward is computed on the final answer only; running out of turns without an answer scores 0. An action
+with neither tag is answered with an observation that explains the format, and it uses up a turn.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from envs.base import StepResult
+from envs.rewards import WeightedRewards
+from envs.sql.grading import grade_completion, sql_rewards
+from envs.sql.prompts import format_result, task_messages
+from envs.sql.sandbox import execute
+
+MULTI_TURN_INSTRUCTIONS = (
+    "You are an expert SQLite assistant. Answer the question about the database below. You may explore it "
+    "first: write one query as <sql>SELECT ...</sql> and you will receive its result as "
+    "<observation>...</observation>. When you are sure, give your final query as "
+    "<answer>SELECT ...</answer>. You have at most {max_turns} turns."
+)
+_ANSWER_TAG = re.compile(r"<answer>", re.IGNORECASE)
+# An unclosed tag runs to the end of the text: generation often stops on the closing tag itself.
+_SQL_TAG = re.compile(r"<sql>(.*?)(?:</sql>|\Z)", re.DOTALL | re.IGNORECASE)
+_FORMAT_HINT = (
+    "Error: no <sql>...</sql> query or <answer>...</answer> found. Write <sql>SELECT ...</sql> to run a "
+    "query, or <answer>SELECT ...</answer> to give your final query."
+)
+
+
+def _observation(text: str) -> str:
+    return f"\n<observation>\n{text}\n</observation>\n"
+
+
+class SqlMultiTurnEpisode:
+    """A text-to-SQL episode with up to ``max_turns`` actions."""
+
+    def __init__(self, task: Mapping[str, Any], messages: list[dict[str, str]], env: SqlMultiTurnEnv) -> None:
+        self.task = task
+        self.messages = messages
+        self.max_turns = env.max_turns
+        self.num_turns = 0
+        self.done = False
+        self._env = env
+
+    def step(self, action_text: str) -> StepResult:
+        """Run an exploratory query, grade a final answer, or explain the expected tags."""
+        if self.done:
+            raise RuntimeError(f"this SQL episode is over after {self.num_turns} turns; start a new one")
+        self.num_turns += 1
+        env = self._env
+        if _ANSWER_TAG.search(action_text):
+            self.done = True
+            breakdown = env.rewards(self.task, action_text)
+            grade = grade_completion(self.task, action_text, env.timeout_s)
+            info = {"sql": grade.sql, "match": grade.match, "error": grade.error, "turns": self.num_turns}
+            return StepResult(None, breakdown.total, True, info=info, rewards=breakdown.components)
+        queries = _SQL_TAG.findall(action_text)
+        if self.num_turns >= self.max_turns:
+            self.done = True
+            zero = env.rewards.zero()
+            info = {"reason": "ran out of turns without an <answer>", "turns": self.num_turns}
+            return StepResult(None, zero.total, True, info=info, rewards=zero.components)
+        if not queries:
+            return StepResult(_observation(_FORMAT_HINT), 0.0, False, info={"malformed": True})
+        result = execute(
+            self.task["db_path"], queries[-1], timeout_s=env.timeout_s, max_rows=env.observation_max_rows
+        )
+        text = format_result(result, env.observation_max_rows, env.observation_max_chars)
+        return StepResult(_observation(text), 0.0, False, info={"sql": queries[-1].strip(), "ok": result.ok})
+
+
+class SqlMultiTurnEnv:
+    """Multi-turn text-to-SQL in the style of SkyRL-SQL."""
+
+    def __init__(
+        self,
+        max_turns: int = 5,
+        no_sql_penalty: float = 0.1,
+        error_penalty: float = 0.1,
+        timeout_s: float = 2.0,
+        sample_rows: int = 0,
+        observation_max_rows: int = 10,
+        observation_max_chars: int = 1000,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if no_sql_penalty < 0 or error_penalty < 0:
+            raise ValueError(
+                "penalties are magnitudes and must be >= 0 (they are subtracted from the reward)"
+            )
+        self.max_turns = max_turns
+        self.rewards: WeightedRewards = sql_rewards(no_sql_penalty, error_penalty, 0.0, timeout_s)
+        self.timeout_s = timeout_s
+        self.sample_rows = sample_rows
+        self.observation_max_rows = observation_max_rows
+        self.observation_max_chars = observation_max_chars
+
+    def start(self, task: Mapping[str, Any]) -> SqlMultiTurnEpisode:
+        """Open an episode; the instructions state the tags and the turn budget."""
+        instructions = MULTI_TURN_INSTRUCTIONS.format(max_turns=self.max_turns)
+        return SqlMultiTurnEpisode(task, task_messages(task, instructions, self.sample_rows), self)

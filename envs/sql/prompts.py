@@ -1,0 +1,121 @@
+"""Schema rendering, chat prompts, SQL extraction from model output, and result observations.
+
+Extraction order (``extract_sql``), from most to least explicit:
+1. the last ``<answer>...</answer>`` block (a ```sql fence inside it is unwrapped);
+2. the last ```sql fenced block, else the last plain ``` fence whose body starts like SQL;
+3. bare SQL: the last line that starts with SELECT or WITH, up to the first semicolon or blank line.
+The last candidate wins because models often draft a query, reason about it, and then give the final one.
+An opening tag or fence that is never closed runs to the end of the text (generation may stop on the closer).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from envs.sql.sandbox import QueryResult, execute
+
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL | re.IGNORECASE)
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_-]*)[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
+_BARE = re.compile(
+    r"^[ \t>*`-]*((?:SELECT|WITH)\b.*?)(?:;|\n[ \t]*\n|\Z)", re.DOTALL | re.IGNORECASE | re.MULTILINE
+)
+_STARTS_LIKE_SQL = re.compile(r"\s*(SELECT|WITH)\b", re.IGNORECASE)
+
+SINGLE_TURN_INSTRUCTIONS = (
+    "You are an expert SQLite assistant. Given a database schema and a question, write one SQLite query that "
+    "answers the question. Return only the query inside a ```sql code block."
+)
+
+
+def _clean(sql: str) -> str | None:
+    sql = sql.strip().strip("`").strip()
+    sql = sql.rstrip(";").strip()
+    return sql or None
+
+
+def _last_fenced(text: str) -> str | None:
+    fences = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    for lang, body in reversed(fences):
+        if lang == "sql" or (lang == "" and _STARTS_LIKE_SQL.match(body)):
+            return _clean(body)
+    return None
+
+
+def extract_sql(text: str) -> str | None:
+    """The SQL query a model meant as its answer, or None when there is none (see the module docstring)."""
+    answers = _ANSWER.findall(text)
+    if answers:
+        body = answers[-1]
+        return _last_fenced(body) or _clean(body)
+    fenced = _last_fenced(text)
+    if fenced:
+        return fenced
+    bare = _BARE.findall(text)
+    return _clean(bare[-1]) if bare else None
+
+
+def _quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@lru_cache(maxsize=256)
+def render_schema(db_path: str, sample_rows: int = 0) -> str:
+    """CREATE TABLE statements of every table, each optionally followed by a few sample rows in a comment."""
+    tables = execute(
+        db_path,
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY rowid",
+    )
+    if not tables.ok:
+        raise ValueError(f"cannot read the schema of {db_path}: {tables.error}")
+    parts = []
+    for name, ddl in tables.rows:
+        parts.append(ddl.strip() + ";")
+        if sample_rows > 0:
+            sample = execute(db_path, f"SELECT * FROM {_quote_identifier(name)} LIMIT {int(sample_rows)}")
+            if sample.ok and sample.rows:
+                lines = [" | ".join(sample.columns)] + [" | ".join(map(str, row)) for row in sample.rows]
+                parts.append(f"/* {len(sample.rows)} sample rows from {name}:\n" + "\n".join(lines) + "\n*/")
+    return "\n\n".join(parts)
+
+
+def sql_messages(schema: str, question: str, instructions: str, evidence: str = "") -> list[dict[str, str]]:
+    """An episode's first chat messages: instructions as system turn, schema and question as user turn."""
+    user = f"Database schema:\n{schema}\n\n"
+    if evidence:
+        user += f"Hint: {evidence}\n\n"
+    user += f"Question: {question}"
+    return [{"role": "system", "content": instructions}, {"role": "user", "content": user}]
+
+
+def format_result(result: QueryResult, max_rows: int = 10, max_chars: int = 1000) -> str:
+    """Render a query result (or its error) as compact text for an observation."""
+    if not result.ok:
+        return f"Error: {result.error}"
+    if not result.rows:
+        return "(no rows) columns: " + ", ".join(result.columns)
+    lines = [" | ".join(result.columns)] + [" | ".join(map(str, row)) for row in result.rows[:max_rows]]
+    text = "\n".join(lines)
+    hidden = len(result.rows) - max_rows
+    if len(text) > max_chars:
+        text = text[:max_chars] + " ..."
+    if hidden > 0 or result.truncated:
+        text += f"\n... ({'more than ' if result.truncated else ''}{len(result.rows)} rows in total)"
+    return text
+
+
+_REQUIRED_TASK_KEYS = ("question", "db_path", "gold_sql")
+
+
+def task_messages(task: Mapping[str, Any], instructions: str, sample_rows: int = 0) -> list[dict[str, str]]:
+    """Chat messages for a task row; the schema is rendered again from the database to add sample rows."""
+    missing = [key for key in _REQUIRED_TASK_KEYS if key not in task]
+    if missing:
+        raise ValueError(f"task row lacks {missing}; SQL tasks need the keys {list(_REQUIRED_TASK_KEYS)}")
+    schema = task.get("schema") if sample_rows == 0 else None
+    if not schema:
+        schema = render_schema(task["db_path"], sample_rows)
+    return sql_messages(schema, task["question"], instructions, task.get("evidence") or "")

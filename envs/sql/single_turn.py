@@ -1,0 +1,69 @@
+"""``env=sql``: one question, one answer; 1.0 for an execution match, small penalties for no or bad SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from envs.base import StepResult
+from envs.rewards import WeightedRewards
+from envs.sql.grading import grade_completion, sql_rewards
+from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, task_messages
+
+
+class SqlEpisode:
+    """A single-turn text-to-SQL episode."""
+
+    max_turns = 1
+
+    def __init__(
+        self,
+        task: Mapping[str, Any],
+        messages: list[dict[str, str]],
+        rewards: WeightedRewards,
+        timeout_s: float,
+    ):
+        self.task = task
+        self.messages = messages
+        self.done = False
+        self._rewards = rewards
+        self._timeout_s = timeout_s
+
+    def step(self, action_text: str) -> StepResult:
+        """Grade the completion; the episode ends after this one step."""
+        if self.done:
+            raise RuntimeError("this SQL episode is over: it takes exactly one step; start a new one")
+        self.done = True
+        breakdown = self._rewards(self.task, action_text)
+        grade = grade_completion(self.task, action_text, self._timeout_s)
+        info = {"sql": grade.sql, "match": grade.match, "error": grade.error}
+        return StepResult(None, breakdown.total, True, info=info, rewards=breakdown.components)
+
+
+class SqlEnv:
+    """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``)."""
+
+    max_turns = 1
+
+    def __init__(
+        self,
+        no_sql_penalty: float = 0.1,
+        error_penalty: float = 0.1,
+        format_weight: float = 0.0,
+        timeout_s: float = 2.0,
+        sample_rows: int = 0,
+        instructions: str = SINGLE_TURN_INSTRUCTIONS,
+    ) -> None:
+        if no_sql_penalty < 0 or error_penalty < 0:
+            raise ValueError(
+                "penalties are magnitudes and must be >= 0 (they are subtracted from the reward)"
+            )
+        self.rewards = sql_rewards(no_sql_penalty, error_penalty, format_weight, timeout_s)
+        self.timeout_s = timeout_s
+        self.sample_rows = sample_rows
+        self.instructions = instructions
+
+    def start(self, task: Mapping[str, Any]) -> SqlEpisode:
+        """Open an episode whose messages hold the schema and the question."""
+        messages = task_messages(task, self.instructions, self.sample_rows)
+        return SqlEpisode(task, messages, self.rewards, self.timeout_s)

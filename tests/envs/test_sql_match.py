@@ -1,0 +1,179 @@
+"""execution_match on hand-written pairs over the staff database (see conftest for its rows)."""
+
+import pytest
+
+from envs.sql import GoldQueryError, execution_match, has_top_level_order_by
+
+INFINITE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+PAIRS = [
+    # row order: ordered only when the gold query has a top-level ORDER BY
+    (
+        "same ordered query",
+        "SELECT name FROM emp ORDER BY salary",
+        "SELECT name FROM emp ORDER BY salary",
+        True,
+    ),
+    (
+        "reversed order",
+        "SELECT name FROM emp ORDER BY salary",
+        "SELECT name FROM emp ORDER BY salary DESC",
+        False,
+    ),
+    ("gold unordered, pred sorted", "SELECT name FROM emp", "SELECT name FROM emp ORDER BY name DESC", True),
+    (
+        "inner ORDER BY is not top-level",
+        "SELECT name FROM (SELECT name FROM emp ORDER BY salary)",
+        "SELECT name FROM emp ORDER BY salary DESC",
+        True,
+    ),
+    (
+        "ORDER BY on a compound",
+        "SELECT name FROM emp WHERE dept = 'Sales' UNION SELECT name FROM emp "
+        "WHERE salary > 70000 ORDER BY name",
+        "SELECT name FROM emp WHERE dept = 'Sales' OR salary > 70000 ORDER BY name DESC",
+        False,
+    ),
+    (
+        "same rows, order ignored",
+        "SELECT name FROM emp WHERE dept = 'Sales' OR salary > 70000",
+        "SELECT name FROM emp WHERE salary > 70000 UNION ALL SELECT name FROM emp WHERE dept = 'Sales'",
+        True,
+    ),
+    # duplicates: multisets, not sets
+    ("DISTINCT drops duplicates", "SELECT dept FROM emp", "SELECT DISTINCT dept FROM emp", False),
+    ("doubled rows", "SELECT dept FROM emp", "SELECT dept FROM emp UNION ALL SELECT dept FROM emp", False),
+    ("duplicates in another order", "SELECT dept FROM emp", "SELECT dept FROM emp ORDER BY dept", True),
+    (
+        "join duplicates vs DISTINCT",
+        "SELECT DISTINCT d.name FROM dept d JOIN emp e ON e.dept = d.name",
+        "SELECT d.name FROM dept d JOIN emp e ON e.dept = d.name",
+        False,
+    ),
+    # column permutation
+    ("two columns swapped", "SELECT name, salary FROM emp", "SELECT salary, name FROM emp", True),
+    (
+        "swapped under ORDER BY",
+        "SELECT name, dept FROM emp ORDER BY id",
+        "SELECT dept, name FROM emp ORDER BY id",
+        True,
+    ),
+    (
+        "consistent swap of literal rows",
+        "SELECT 1, 2 UNION ALL SELECT 3, 4",
+        "SELECT 2, 1 UNION ALL SELECT 4, 3",
+        True,
+    ),
+    ("swap in one row only", "SELECT 1, 2 UNION ALL SELECT 3, 4", "SELECT 2, 1 UNION ALL SELECT 3, 4", False),
+    ("extra column", "SELECT name FROM emp", "SELECT name, dept FROM emp", False),
+    ("wrong column", "SELECT name FROM emp", "SELECT dept FROM emp", False),
+    # floats: relative tolerance 1e-6; ints equal floats of the same value
+    ("AVG vs SUM/COUNT", "SELECT AVG(salary) FROM emp", "SELECT SUM(salary) / COUNT(*) FROM emp", True),
+    ("0.1 + 0.2 vs 0.3", "SELECT 0.3", "SELECT 0.1 + 0.2", True),
+    ("relative error 5e-8", "SELECT 1000000.0", "SELECT 1000000.05", True),
+    ("relative error 1e-5", "SELECT 1.0", "SELECT 1.00001", False),
+    ("integer vs real count", "SELECT COUNT(*) FROM emp", "SELECT CAST(COUNT(*) AS REAL) FROM emp", True),
+    ("rounded average", "SELECT AVG(salary) FROM emp", "SELECT ROUND(AVG(salary), 0) FROM emp", False),
+    # NULLs
+    ("NULL equals NULL", "SELECT bonus FROM emp WHERE id = 3", "SELECT NULL", True),
+    ("NULL is not 0", "SELECT bonus FROM emp WHERE id = 3", "SELECT 0", False),
+    ("NULLs in a multiset", "SELECT bonus FROM emp", "SELECT bonus FROM emp ORDER BY bonus DESC", True),
+    ("COALESCE changes NULLs", "SELECT bonus FROM emp", "SELECT COALESCE(bonus, 0) FROM emp", False),
+    # string case: keywords are free, values are not
+    (
+        "keyword case",
+        "SELECT name FROM emp WHERE dept = 'Sales'",
+        "select NAME from EMP where DEPT = 'Sales'",
+        True,
+    ),
+    ("value case", "SELECT name FROM emp", "SELECT upper(name) FROM emp", False),
+    (
+        "filter on wrong case",
+        "SELECT name FROM emp WHERE dept = 'Sales'",
+        "SELECT name FROM emp WHERE dept = 'sales'",
+        False,
+    ),
+    # equivalent rewrites
+    (
+        "JOIN vs IN subquery",
+        "SELECT e.name FROM emp e JOIN dept d ON e.dept = d.name WHERE d.city = 'Boston'",
+        "SELECT name FROM emp WHERE dept IN (SELECT name FROM dept WHERE city = 'Boston')",
+        True,
+    ),
+    (
+        "COUNT vs SUM(CASE)",
+        "SELECT COUNT(*) FROM emp WHERE salary > 50000",
+        "SELECT SUM(CASE WHEN salary > 50000 THEN 1 ELSE 0 END) FROM emp",
+        True,
+    ),
+    (
+        "BETWEEN vs two bounds",
+        "SELECT name FROM emp WHERE salary BETWEEN 50000 AND 75000.25",
+        "SELECT name FROM emp WHERE salary >= 50000 AND salary <= 75000.25",
+        True,
+    ),
+    (
+        "MAX vs ORDER BY LIMIT 1",
+        "SELECT name FROM emp WHERE salary = (SELECT MAX(salary) FROM emp)",
+        "SELECT name FROM emp ORDER BY salary DESC LIMIT 1",
+        True,
+    ),
+    # near misses
+    (
+        "> vs >= at a boundary row",
+        "SELECT name FROM emp WHERE salary > 50000",
+        "SELECT name FROM emp WHERE salary >= 50000",
+        False,
+    ),
+    (
+        "LIMIT 3 vs LIMIT 4",
+        "SELECT name FROM emp ORDER BY salary DESC LIMIT 3",
+        "SELECT name FROM emp ORDER BY salary DESC LIMIT 4",
+        False,
+    ),
+    (
+        "LEFT JOIN keeps unmatched rows",
+        "SELECT d.name FROM dept d JOIN emp e ON e.dept = d.name AND e.bonus > 0",
+        "SELECT d.name FROM dept d LEFT JOIN emp e ON e.dept = d.name AND e.bonus > 0",
+        False,
+    ),
+    ("both empty", "SELECT name FROM emp WHERE salary > 1e9", "SELECT name FROM emp WHERE 0", True),
+    ("empty vs rows", "SELECT name FROM emp WHERE salary > 1e9", "SELECT name FROM emp", False),
+    # errors and timeouts never match
+    ("syntax error", "SELECT name FROM emp", "SELEC name FROM emp", False),
+    ("unknown column", "SELECT name FROM emp", "SELECT nam FROM emp", False),
+    ("write attempt", "SELECT COUNT(*) FROM emp", "DELETE FROM emp", False),
+    ("runaway query", "SELECT COUNT(*) FROM emp", INFINITE, False),
+]
+
+
+@pytest.mark.parametrize("gold, pred, expected", [p[1:] for p in PAIRS], ids=[p[0] for p in PAIRS])
+def test_execution_match_pairs(staff_db, gold, pred, expected):
+    assert execution_match(staff_db, gold, pred, timeout_s=0.5) is expected
+
+
+def test_pair_count_covers_the_specification():
+    assert len(PAIRS) >= 30
+
+
+def test_failing_gold_query_is_a_task_error(staff_db):
+    with pytest.raises(GoldQueryError, match="no such column"):
+        execution_match(staff_db, "SELECT nope FROM emp", "SELECT name FROM emp")
+
+
+@pytest.mark.parametrize(
+    "sql, expected",
+    [
+        ("SELECT a FROM t ORDER BY a", True),
+        ("select a from t order\n  by a desc limit 3", True),
+        ("SELECT a FROM (SELECT a FROM t ORDER BY a)", False),
+        ("SELECT 'order by' FROM t", False),
+        ("SELECT a FROM t -- ORDER BY a", False),
+        ("SELECT a FROM t /* ORDER BY a */", False),
+        ('SELECT "order" FROM t', False),
+        ("SELECT a FROM t UNION SELECT b FROM u ORDER BY 1", True),
+        ("SELECT a, RANK() OVER (ORDER BY a) FROM t", False),
+    ],
+)
+def test_top_level_order_by(sql, expected):
+    assert has_top_level_order_by(sql) is expected
