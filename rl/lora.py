@@ -1,0 +1,104 @@
+"""peft LoRA setup and export of the LoRA tensors by name.
+
+Naming contract with the engine: a tensor's name is the HF module path of the base Linear layer (no peft
+prefix) plus ``.lora_A`` (``[r, in_features]``) or ``.lora_B`` (``[out_features, r]``), for example
+``model.layers.0.self_attn.q_proj.lora_A``. The layer's output is ``W x + scale * B (A x)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+from torch import nn
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGET_SHORTHANDS = {
+    "all": PROJECTIONS,
+    "all-linear": PROJECTIONS,
+    "attention": PROJECTIONS[:4],
+    "mlp": PROJECTIONS[4:],
+}
+
+
+def resolve_target_modules(target_modules: str | Sequence[str]) -> list[str]:
+    """Projection names from a shorthand (``all``, ``all-linear``, ``attention``, ``mlp``) or a list."""
+    if isinstance(target_modules, str):
+        if target_modules not in TARGET_SHORTHANDS:
+            raise ValueError(
+                f"Unknown LoRA target shorthand {target_modules!r}: use one of {sorted(TARGET_SHORTHANDS)} "
+                f"or a list drawn from {list(PROJECTIONS)}."
+            )
+        return list(TARGET_SHORTHANDS[target_modules])
+    names = list(target_modules)
+    unknown = [name for name in names if name not in PROJECTIONS]
+    if unknown or not names:
+        raise ValueError(
+            f"LoRA target_modules {names!r} must be a non-empty list drawn from {list(PROJECTIONS)}"
+            f"{f'; unknown: {unknown}' if unknown else ''}. Shorthands: {sorted(TARGET_SHORTHANDS)}."
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"LoRA target_modules {names!r} lists a projection twice: list each once.")
+    return [name for name in PROJECTIONS if name in names]
+
+
+def lora_scale(alpha: float, rank: int, use_rslora: bool = False) -> float:
+    """The LoRA output scale: ``alpha / r``, or ``alpha / sqrt(r)`` with rank-stabilised LoRA."""
+    return alpha / rank**0.5 if use_rslora else alpha / rank
+
+
+def add_lora(
+    model: nn.Module,
+    rank: int = 16,
+    alpha: float = 32.0,
+    dropout: float = 0.0,
+    target_modules: str | Sequence[str] = "all",
+    use_rslora: bool = False,
+) -> PeftModel:
+    """Wrap a causal LM in a peft LoRA adapter on the chosen projections; only the LoRA weights train."""
+    if rank < 1:
+        raise ValueError(f"LoRA rank must be a positive integer, got {rank}.")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"LoRA dropout must lie in [0, 1), got {dropout}.")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=resolve_target_modules(target_modules),
+        use_rslora=use_rslora,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _lora_layers(peft_model: PeftModel) -> tuple[str, list[tuple[str, LoraLayer]]]:
+    """The active adapter and (HF module path, LoRA layer) for each adapted Linear of the base model."""
+    if not isinstance(peft_model, PeftModel):
+        raise TypeError(f"Expected a peft PeftModel (see rl.lora.add_lora), got {type(peft_model).__name__}.")
+    adapter = peft_model.active_adapter
+    if not isinstance(adapter, str):
+        raise ValueError(f"Export needs exactly one active LoRA adapter, found {adapter!r}.")
+    base = peft_model.get_base_model()
+    layers = [(name, module) for name, module in base.named_modules() if isinstance(module, LoraLayer)]
+    if not layers:
+        raise ValueError("The peft model holds no LoRA layers: build it with rl.lora.add_lora.")
+    return adapter, layers
+
+
+def lora_tensors(peft_model: PeftModel) -> dict[str, torch.Tensor]:
+    """The active adapter's LoRA weights by engine name, detached views of the live parameters (no copy)."""
+    adapter, layers = _lora_layers(peft_model)
+    named: dict[str, torch.Tensor] = {}
+    for path, layer in layers:
+        named[f"{path}.lora_A"] = layer.lora_A[adapter].weight.detach()  # [r, in_features]
+        named[f"{path}.lora_B"] = layer.lora_B[adapter].weight.detach()  # [out_features, r]
+    return named
+
+
+def lora_scales(peft_model: PeftModel) -> dict[str, float]:
+    """The output scale of each adapted layer, keyed by the base Linear's HF module path."""
+    adapter, layers = _lora_layers(peft_model)
+    return {path: float(layer.scaling[adapter]) for path, layer in layers}
