@@ -1,0 +1,228 @@
+"""One optimisation step over a rollout batch: old and reference logprobs, micro-batches, clipped update."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from rl.batch import RolloutBatch
+from rl.importance import IS_MODES, ISCorrection, importance_weights
+from rl.logprobs import token_logprobs
+from rl.losses import LossStats, check_loss_args, compute_policy_loss
+from rl.stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
+
+LossFn = Callable[..., tuple[torch.Tensor, LossStats]]
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    # DistributedDataParallel keeps the peft model in .module
+    return getattr(model, "module", model)
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def batch_logprobs(
+    model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Logprobs [B, T] of the batch's tokens under the model as it is now, computed in micro-batches."""
+    out = torch.zeros(batch.input_ids.shape, device=_device(model))
+    for start in range(0, batch.num_sequences, micro_batch_size):
+        mb = batch.rows(start, start + micro_batch_size, _device(model))
+        width = mb.input_ids.size(1)
+        out[start : start + mb.num_sequences, :width] = token_logprobs(
+            _unwrap(model), mb.input_ids, mb.attention_mask, temperature
+        ).logprobs
+    return out
+
+
+def reference_logprobs(
+    model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Logprobs [B, T] under the base model: the same peft model with its adapter disabled."""
+    peft_model = _unwrap(model)
+    if not hasattr(peft_model, "disable_adapter"):
+        raise ValueError(
+            "beta > 0 takes the reference from the base model with the LoRA adapter disabled, but the model "
+            "is not a peft model; wrap it with peft.get_peft_model or set beta=0"
+        )
+    with peft_model.disable_adapter():
+        return batch_logprobs(peft_model, batch, micro_batch_size, temperature)
+
+
+def _per_rank_counts(model: torch.nn.Module, batch: RolloutBatch, device: torch.device) -> torch.Tensor:
+    """[num_sequences, num_tokens] of the batch; under DDP, their mean over the ranks.
+
+    DDP averages gradients over ranks, so normalising each rank by the mean count gives the exact
+    global-batch loss even when ranks hold different numbers of tokens.
+    """
+    counts = torch.stack([torch.tensor(batch.num_sequences), batch.loss_mask.sum().cpu()]).float().to(device)
+    if isinstance(model, DistributedDataParallel):
+        torch.distributed.all_reduce(counts, group=model.process_group)
+        counts /= torch.distributed.get_world_size(model.process_group)
+    return counts
+
+
+def _loss_weight(loss_type: str, mb: RolloutBatch, counts: torch.Tensor, num_mb: int):
+    """Factor that turns a micro-batch loss into its share of the whole-batch loss."""
+    if loss_type in ("grpo", "dr_grpo"):
+        return mb.num_sequences / counts[0]
+    if loss_type == "dapo":
+        return mb.loss_mask.sum() / counts[1].clamp(min=1)
+    return 1.0 / num_mb  # bnpo: each micro-batch is normalised by its own tokens
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    loss_fn: LossFn,
+    *,
+    loss_type: str,
+    micro_batch_size: int,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> LossStats:
+    """Backward the whole-batch loss in micro-batches; returns its stats. Does not step or zero grads.
+
+    loss_fn is compute_policy_loss with the hyper-parameters bound; loss_type picks the micro-batch weights.
+    Without old_logprobs the ratio is 1 (the current logprobs, detached). [B, T] inputs follow `rl.batch`.
+    Under DDP, gradients sync once, on the last micro-batch; stats stay per rank.
+    """
+    device = _device(model)
+    num_tokens = batch.loss_mask.sum().to(device)
+    counts = _per_rank_counts(model, batch, device)
+    starts = range(0, batch.num_sequences, micro_batch_size)
+    parts = []
+    for i, start in enumerate(starts):
+        mb = batch.rows(start, start + micro_batch_size, device)
+        rows, width = slice(start, start + mb.num_sequences), mb.input_ids.size(1)
+        last = i == len(starts) - 1
+        no_sync = getattr(model, "no_sync", None)
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            out = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, with_entropy=True)
+            old = out.logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
+            loss, stats = loss_fn(
+                out.logprobs,
+                old,
+                mb.advantages,
+                mb.loss_mask,
+                ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows, :width],
+                is_weights=None if is_weights is None else is_weights[rows, :width],
+                entropy=out.entropy,
+            )
+            weight = _loss_weight(loss_type, mb, counts, len(starts))
+            (loss * weight).backward()
+        parts.append((stats, weight))
+    return combine_loss_stats(parts, num_tokens)
+
+
+def _check_step_args(
+    num_iterations: int, micro_batch_size: int, max_grad_norm: float | None, is_mode: str | None
+) -> None:
+    if is_mode is not None and is_mode not in IS_MODES:
+        raise ValueError(f"unknown is_mode {is_mode!r}; choose one of {IS_MODES}, or None to disable it")
+    if num_iterations < 1 or micro_batch_size < 1:
+        raise ValueError(
+            f"num_iterations and micro_batch_size must be >= 1, got {num_iterations} and {micro_batch_size}"
+        )
+    if max_grad_norm is not None and max_grad_norm <= 0.0:
+        raise ValueError(f"max_grad_norm must be > 0, or None to disable clipping; got {max_grad_norm}")
+
+
+def _optimizer_step(optimizer, scheduler, params, max_grad_norm: float | None, loss: torch.Tensor):
+    """Clip and step unless the loss or the gradient is non-finite; returns (stepped, grad_norm, lr)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
+    lr = optimizer.param_groups[0]["lr"]
+    stepped = bool((torch.isfinite(loss) & torch.isfinite(grad_norm)).item())
+    if stepped:
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stepped, grad_norm.item(), lr
+
+
+def _is_correction(
+    batch: RolloutBatch, old: torch.Tensor | None, is_mode: str | None, is_cap: float
+) -> ISCorrection | None:
+    if is_mode is None:
+        return None
+    sampling, mask = batch.sampling_logprobs.to(old.device), batch.loss_mask.to(old.device)
+    return importance_weights(old, sampling, mask, is_mode, is_cap)
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    batch: RolloutBatch,
+    *,
+    num_iterations: int = 1,
+    micro_batch_size: int = 8,
+    max_grad_norm: float | None = 1.0,
+    loss_type: str = "grpo",
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+    gspo: bool = False,
+    beta: float = 0.0,
+    kl_estimator: str = "k3",
+    is_mode: str | None = None,
+    is_cap: float = 3.0,
+    mask_truncated_completions: bool = False,
+    max_completion_length: int | None = None,
+    temperature: float = 1.0,
+) -> StepStats:
+    """num_iterations (mu) optimizer steps over `batch`, each accumulating gradients over micro-batches.
+
+    Old logprobs are recomputed once (only when mu > 1 or is_mode is set; otherwise the ratio is 1), and the
+    reference once when beta > 0. A step whose loss or gradient is non-finite is skipped: no optimizer or
+    scheduler step, gradients cleared, counted in num_skipped_steps. is_mode: None or a `rl.importance` mode.
+    """
+    hparams = dict(
+        loss_type=loss_type, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c, beta=beta,
+        kl_estimator=kl_estimator, max_completion_length=max_completion_length,
+    )  # fmt: skip
+    check_loss_args(**hparams)
+    _check_step_args(num_iterations, micro_batch_size, max_grad_norm, is_mode)
+    if mask_truncated_completions:
+        batch = dataclasses.replace(batch, loss_mask=batch.loss_mask & ~batch.truncated[:, None])
+    old = None
+    if num_iterations > 1 or is_mode is not None:
+        old = batch_logprobs(model, batch, micro_batch_size, temperature)
+    ref = reference_logprobs(model, batch, micro_batch_size, temperature) if beta > 0.0 else None
+    correction = _is_correction(batch, old, is_mode, is_cap)
+    loss_fn = functools.partial(compute_policy_loss, gspo=gspo, **hparams)
+    is_weights = None if correction is None else correction.weights
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    optimizer.zero_grad(set_to_none=True)
+    losses, grad_norms, skipped, lr = [], [], 0, 0.0
+    for _ in range(num_iterations):
+        stats = accumulate_gradients(
+            model, batch, loss_fn, loss_type=loss_type, micro_batch_size=micro_batch_size, old_logprobs=old,
+            ref_logprobs=ref, is_weights=is_weights, temperature=temperature,
+        )  # fmt: skip
+        stepped, grad_norm, lr = _optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
+        skipped += not stepped
+        losses.append(stats)
+        grad_norms.append(grad_norm)
+    return StepStats(
+        loss=mean_loss_stats(losses),
+        grad_norm=sum(grad_norms) / num_iterations,
+        lr=lr,
+        num_tokens=int(batch.loss_mask.sum().item()),
+        num_optimizer_steps=num_iterations - skipped,
+        num_skipped_steps=skipped,
+        completions=CompletionStats.from_lengths(batch.completion_lengths, batch.truncated),
+        sampling=None if correction is None else correction.as_dict(),
+    )

@@ -1,0 +1,78 @@
+"""Advantages on worked examples: rewards [[1, 2, 3, 6], [0, 0, 0, 0]] by hand."""
+
+import math
+
+import pytest
+import torch
+
+from rl.advantages import compute_advantages, filter_zero_std_groups, reward_stats
+
+REWARDS = torch.tensor([[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 0.0, 0.0]])
+# group 0: mean 3, deviations [-2, -1, 0, 3], Bessel std sqrt(14 / 3)
+GROUP0_STD = math.sqrt(14 / 3)
+# all 8 rewards: mean 1.5, squared deviations sum to 32, Bessel std sqrt(32 / 7)
+BATCH_STD = math.sqrt(32 / 7)
+
+
+def test_grpo_group_scale():
+    adv = compute_advantages(REWARDS, estimator="grpo", scale="group")
+    expected = torch.tensor([[-2.0, -1.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0]])
+    expected[0] /= GROUP0_STD + 1e-4
+    torch.testing.assert_close(adv, expected)
+
+
+def test_grpo_batch_scale():
+    adv = compute_advantages(REWARDS, estimator="grpo", scale="batch")
+    expected = torch.tensor([[-2.0, -1.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0]]) / (BATCH_STD + 1e-4)
+    torch.testing.assert_close(adv, expected)
+
+
+def test_grpo_no_scale_is_dr_grpo():
+    adv = compute_advantages(REWARDS, estimator="grpo", scale="none")
+    torch.testing.assert_close(adv, torch.tensor([[-2.0, -1.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0]]))
+
+
+def test_rloo_leave_one_out():
+    # reward minus the mean of the other three: 1 - 11/3, 2 - 10/3, 3 - 9/3, 6 - 6/3
+    adv = compute_advantages(REWARDS, estimator="rloo", scale="none")
+    torch.testing.assert_close(adv[0], torch.tensor([-8 / 3, -4 / 3, 0.0, 4.0]))
+    torch.testing.assert_close(adv[1], torch.zeros(4))
+    scaled = compute_advantages(REWARDS, estimator="rloo", scale="group")
+    torch.testing.assert_close(scaled[0], torch.tensor([-8 / 3, -4 / 3, 0.0, 4.0]) / (GROUP0_STD + 1e-4))
+    batch = compute_advantages(REWARDS, estimator="rloo", scale="batch")
+    torch.testing.assert_close(batch[0], torch.tensor([-8 / 3, -4 / 3, 0.0, 4.0]) / (BATCH_STD + 1e-4))
+
+
+def test_rloo_with_two_samples_is_the_reward_difference():
+    adv = compute_advantages(torch.tensor([[1.0, 0.0], [0.25, 0.75]]), estimator="rloo", scale="none")
+    torch.testing.assert_close(adv, torch.tensor([[1.0, -1.0], [-0.5, 0.5]]))
+
+
+def test_zero_std_groups_reported_and_filtered():
+    rewards = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.2]])
+    stats = reward_stats(rewards)
+    assert stats.frac_reward_zero_std == 0.5
+    assert stats.reward_mean == pytest.approx(3.7 / 8)
+    assert stats.reward_std == pytest.approx(torch.tensor(rewards.flatten().tolist()).std().item())
+    kept = filter_zero_std_groups(rewards)
+    assert kept.keep.tolist() == [False, True, False, True]
+    assert kept.num_dropped == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"estimator": "ppo"}, "unknown advantage estimator"),
+        ({"scale": "global"}, "unknown advantage scale"),
+    ],
+)
+def test_bad_options_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        compute_advantages(REWARDS, **kwargs)
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match=r"rewards must be \[num_prompts, G\]"):
+        compute_advantages(torch.ones(8))
+    with pytest.raises(ValueError, match="group size G=1 is too small"):
+        compute_advantages(torch.ones(4, 1))
