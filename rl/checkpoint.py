@@ -1,0 +1,324 @@
+"""Atomic checkpoints and resume: LoRA adapter (peft format), optimizer, LR scheduler, RNG states, step, data
+position and the resolved config.
+
+Layout under ``RUN_DIR/checkpoints``::
+
+    step_<N>/adapter/           adapter_config.json, adapter_model.safetensors (``PeftModel.from_pretrained``)
+    step_<N>/trainer_state.pt   optimizer, scheduler and RNG states
+    step_<N>/state.json         step and data position
+    step_<N>/config.yaml        the resolved config
+    latest                      the name of the newest checkpoint, replaced atomically
+
+A save writes into a hidden temporary directory, fsyncs it and renames it into place, so a crash or a kill at
+any point leaves every earlier checkpoint complete. Leftovers of killed saves are removed by the next save or
+``find_latest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+ADAPTER = "adapter"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+TRAINER_STATE = "trainer_state.pt"
+STATE = "state.json"
+CONFIG = "config.yaml"
+REQUIRED = (f"{ADAPTER}/{ADAPTER_WEIGHTS}", f"{ADAPTER}/{ADAPTER_CONFIG}", TRAINER_STATE, STATE, CONFIG)
+LORA_FIELDS = ("r", "lora_alpha", "use_rslora")
+STEP_DIR = re.compile(r"step_(\d+)")
+# leftovers of a save end in .<host>.<pid> of the saving process: only this host can tell whether it is alive
+PARTIAL = re.compile(r"\.(tmp|old)-.*\.(?P<host>[^.]+)\.(?P<pid>\d+)")
+
+
+@dataclass(slots=True)
+class ResumeState:
+    """What a loaded checkpoint tells the loop: where it was and how it was configured."""
+
+    step: int
+    data_position: dict[str, Any]
+    config_yaml: str
+    path: Path
+
+
+def checkpoint_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    """The directory a checkpoint of ``step`` is saved to."""
+    return Path(run_dir) / CHECKPOINTS / f"step_{step}"
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    model: PeftModel,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    data_position: Mapping[str, Any] | None = None,
+    config_yaml: str = "",
+    keep_last: int | None = None,
+) -> Path:
+    """Atomically save ``step`` to ``RUN_DIR/checkpoints/step_<step>`` and point ``latest`` at it.
+
+    ``data_position`` is a small JSON-serialisable dict (for example epoch, index and sampler seed) handed
+    back by ``load_checkpoint``. With ``keep_last=K`` only the K newest checkpoints are kept.
+    """
+    if not isinstance(model, PeftModel):
+        raise TypeError(
+            f"save_checkpoint needs a peft PeftModel (see rl.lora.add_lora), got {type(model).__name__}."
+        )
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}.")
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be a positive number of checkpoints or None, got {keep_last}.")
+    state_json = _state_json(step, data_position)
+    final = checkpoint_dir(run_dir, step)
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_partial_saves(root)
+    tmp = root / f".tmp-step_{step}.{_owner()}"
+    tmp.mkdir()
+    model.save_pretrained(tmp / ADAPTER)
+    trainer_state = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "rng": _rng_state(),
+    }
+    torch.save(trainer_state, tmp / TRAINER_STATE)
+    (tmp / CONFIG).write_text(config_yaml)
+    (tmp / STATE).write_text(state_json)
+    _fsync_tree(tmp)
+    _move_into_place(tmp, final)
+    _write_latest(root, final.name)
+    if keep_last is not None:
+        _prune(root, keep_last, final)
+    return final
+
+
+def find_latest(run_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint of a run (the ``latest`` pointer, else the highest step), or None."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return None
+    _remove_partial_saves(root)
+    pointer = root / LATEST
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        if STEP_DIR.fullmatch(named.name) and _is_complete(named):
+            return named
+    complete = [path for path in _step_dirs(root) if _is_complete(path)]
+    return complete[-1] if complete else None
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: PeftModel,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    restore_rng: bool = True,
+) -> ResumeState:
+    """Restore a checkpoint directory into live objects, in place, and return its step and data position.
+
+    The adapter weights are copied into ``model``'s existing LoRA parameters (their identity is kept, so an
+    optimizer or an engine holding them stays valid). Pass ``optimizer=None, scheduler=None,
+    restore_rng=False`` to load only the adapter, for evaluation.
+    """
+    path = Path(path)
+    _check_loadable(path)
+    state = json.loads((path / STATE).read_text())
+    adapter_weights = _read_adapter(path / ADAPTER, model)
+    trainer_state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
+    if scheduler is not None and trainer_state["scheduler"] is None:
+        raise ValueError(f"Checkpoint {path} holds no LR scheduler state: build the run without a scheduler.")
+    if optimizer is not None:  # torch checks the parameter groups before it changes anything
+        optimizer.load_state_dict(trainer_state["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(trainer_state["scheduler"])
+    set_peft_model_state_dict(model, adapter_weights, adapter_name=model.active_adapter)
+    if restore_rng:
+        _set_rng_state(trainer_state["rng"])
+    return ResumeState(
+        step=state["step"],
+        data_position=state["data_position"],
+        config_yaml=(path / CONFIG).read_text(),
+        path=path,
+    )
+
+
+def _state_json(step: int, data_position: Mapping[str, Any] | None) -> str:
+    try:
+        return json.dumps({"step": step, "data_position": dict(data_position or {})}, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"The data position {data_position!r} must be a small dict of JSON values (ints, floats, "
+            f"strings, lists): {error}."
+        ) from error
+
+
+def _rng_state() -> dict[str, Any]:
+    algorithm, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (algorithm, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached_gaussian),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    random.setstate(rng["python"])
+    algorithm, keys, pos, has_gauss, cached_gaussian = rng["numpy"]
+    np.random.set_state((algorithm, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"][: torch.cuda.device_count()])
+
+
+def _read_adapter(adapter_dir: Path, model: PeftModel) -> dict[str, torch.Tensor]:
+    """The saved adapter weights, checked against the model's LoRA layers name by name and shape by shape."""
+    if not isinstance(model, PeftModel):
+        raise TypeError(
+            f"load_checkpoint needs a peft PeftModel (see rl.lora.add_lora), got {type(model).__name__}."
+        )
+    saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    live = model.peft_config[model.active_adapter].to_dict()
+    mismatched = [key for key in LORA_FIELDS if saved.get(key) != live.get(key)]
+    if set(saved.get("target_modules") or ()) != set(live.get("target_modules") or ()):
+        mismatched.append("target_modules")
+    if mismatched:
+        details = ", ".join(
+            f"{key}: saved {saved.get(key)!r} vs model {live.get(key)!r}" for key in mismatched
+        )
+        raise ValueError(
+            f"The adapter in {adapter_dir} does not fit the model ({details}): build the LoRA with the "
+            "settings the checkpoint was trained with (its config.yaml)."
+        )
+    weights = load_file(adapter_dir / ADAPTER_WEIGHTS)
+    expected = get_peft_model_state_dict(model, adapter_name=model.active_adapter)
+    wrong = sorted(
+        set(weights) ^ set(expected)
+        | {k for k in weights.keys() & expected.keys() if weights[k].shape != expected[k].shape}
+    )
+    if wrong:
+        raise ValueError(
+            f"The adapter in {adapter_dir} does not match the model's LoRA layers (for example {wrong[:3]}): "
+            "load it into the base architecture it was trained on."
+        )
+    return weights
+
+
+def _check_loadable(path: Path) -> None:
+    if (path / CHECKPOINTS).is_dir() and not (path / STATE).exists():
+        raise ValueError(
+            f"{path} is a run directory, not a checkpoint: pass rl.checkpoint.find_latest({str(path)!r}) "
+            f"or one of its {CHECKPOINTS}/step_<N> directories."
+        )
+    missing = [name for name in REQUIRED if not (path / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} is not a complete checkpoint (missing {', '.join(missing)}): pass a "
+            f"{CHECKPOINTS}/step_<N> directory written by rl.checkpoint.save_checkpoint."
+        )
+
+
+def _is_complete(path: Path) -> bool:
+    return all((path / name).is_file() for name in REQUIRED)
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """Checkpoint directories in ascending step order."""
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    return [path for _, path in sorted(found)]
+
+
+def _remove_partial_saves(root: Path) -> None:
+    """Delete the temporary directories of saves whose process is gone (killed or crashed)."""
+    for path in root.iterdir():
+        match = PARTIAL.fullmatch(path.name)
+        if match and match["host"] == _host() and not _process_alive(int(match["pid"])):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "-") or "localhost"
+
+
+def _owner() -> str:
+    """The suffix naming this process in a save's temporary paths (run dirs may sit on shared storage)."""
+    return f"{_host()}.{os.getpid()}"
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # saves are synchronous: a leftover of this process is from an earlier failed save
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """Rename the finished temporary directory to its final name, replacing an older save of the same step."""
+    if final.exists():
+        old = final.with_name(f".old-{final.name}.{_owner()}")
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def _write_latest(root: Path, name: str) -> None:
+    tmp = root / f".tmp-{LATEST}.{_owner()}"
+    with open(tmp, "w") as file:
+        file.write(name)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, root / LATEST)
+    _fsync_dir(root)
+
+
+def _prune(root: Path, keep_last: int, keep: Path) -> None:
+    """Delete the oldest checkpoints so that ``keep_last`` remain, never the one just saved."""
+    others = [path for path in _step_dirs(root) if path != keep]
+    for path in others[: max(0, len(others) + 1 - keep_last)]:
+        shutil.rmtree(path)
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_file():
+            with open(path, "rb") as file:
+                os.fsync(file.fileno())
+        else:
+            _fsync_dir(path)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,244 @@
+"""The run logger: a local JSONL metrics log always, W&B (offline by default), sample tables, a progress bar.
+
+``RUN_DIR/metrics.jsonl`` holds one JSON object per ``log`` call: ``step``, ``time`` (Unix seconds) and the
+metrics under their own names (``reward``, ``rewards/<component>``, ``kl``, ``rollout/tokens_per_s`` ...).
+``RUN_DIR/samples.jsonl`` holds the sampled prompts, completions and rewards. W&B is a mirror: any failure in
+it becomes one warning, W&B is switched off and the JSONL logs go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+WANDB_MODES = ("offline", "online", "disabled")
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+RESERVED = ("step", "time")
+SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward")
+# The metrics a training run logs: TRL's names plus the engine's own. "rewards/" stands for one metric per
+# reward component (rewards/<component>); eval/accuracy is logged on evaluation steps only.
+METRIC_NAMES = (
+    "reward",
+    "rewards/",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "grad_norm",
+    "lr",
+    "sampling/logp_difference/mean",
+    "sampling/importance_ratio/mean",
+    "rollout/tokens_per_s",
+    "rollout/kv_utilization",
+    "rollout/blocks_shared",
+    "rollout/preemptions",
+    "rollout/prefix_cache_hits",
+    "sync/ms",
+    "time/generate",
+    "time/env",
+    "time/train",
+    "time/sync",
+    "memory/trainer_peak_gb",
+    "memory/engine_gb",
+    "eval/accuracy",
+)
+# progress-bar label: (metric, format)
+PROGRESS_FIELDS = {
+    "reward": ("reward", ".3f"),
+    "tok/s": ("rollout/tokens_per_s", ".0f"),
+    "acc": ("eval/accuracy", ".3f"),
+}
+
+
+@dataclass(slots=True)
+class SampleRow:
+    """One sampled completion for the samples table."""
+
+    prompt: str
+    completion: str
+    reward: float
+
+
+class RunLogger:
+    """Logs each step to JSONL, W&B and a progress bar; use it as a context manager or call ``close``."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        project: str = "pagedrl",
+        run_name: str | None = None,
+        wandb_mode: str = "offline",
+        config: Mapping[str, Any] | None = None,
+        wandb_dir: str | os.PathLike | None = None,
+        total_steps: int | None = None,
+        start_step: int = 0,
+        sample_every: int = 10,
+        progress: bool = True,
+    ):
+        if wandb_mode not in WANDB_MODES:
+            raise ValueError(
+                f"Unknown W&B mode {wandb_mode!r}: use one of {WANDB_MODES} (logger.wandb.mode)."
+            )
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be a positive number of steps, got {sample_every}.")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.sample_every = sample_every
+        self._metrics = _open_for_append(self.run_dir / METRICS_FILE)
+        self._samples = _open_for_append(self.run_dir / SAMPLES_FILE)
+        self._last_step = start_step
+        self._bar = tqdm(
+            total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress
+        )
+        self._wandb = None
+        self._run = None
+        if wandb_mode != "disabled":
+            self._start_wandb(project, run_name, wandb_mode, config, wandb_dir)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Append one step's metrics (floats, ints, 0-d tensors) to the JSONL log, W&B and the bar."""
+        values = _numeric(metrics)
+        self._write(self._metrics, {"step": step, "time": time.time(), **values})
+        self._call_wandb(lambda: self._run.log(values, step=step))
+        self._advance(step, values)
+
+    def wants_samples(self, step: int) -> bool:
+        """Whether ``step`` is one whose samples go into the table (every ``sample_every`` steps)."""
+        return step % self.sample_every == 0
+
+    def log_samples(self, step: int, rows: Sequence[SampleRow]) -> None:
+        """Write sample prompts, completions and rewards to samples.jsonl and a W&B table."""
+        records = [{"step": step, **asdict(row)} for row in rows]
+        for record in records:
+            self._write(self._samples, record)
+        self._call_wandb(lambda: self._run.log({"samples": self._table(records)}, step=step))
+
+    def close(self) -> None:
+        """Finish W&B and close the logs and the progress bar; safe to call twice."""
+        self._call_wandb(lambda: self._run.finish())
+        self._run = None
+        self._bar.close()
+        self._metrics.close()
+        self._samples.close()
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _start_wandb(self, project, run_name, mode, config, wandb_dir) -> None:
+        try:
+            import wandb
+
+            directory = Path(wandb_dir or os.environ.get("WANDB_DIR") or self.run_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+            # console="off": W&B must not wrap stdout/stderr, which the progress bar draws on
+            settings = wandb.Settings(console="off")
+            self._run = wandb.init(
+                project=project,
+                name=run_name,
+                mode=mode,
+                dir=directory,
+                config=dict(config or {}),
+                settings=settings,
+            )
+            self._wandb = wandb
+        except Exception as error:  # no W&B (not installed, no login, no network) still leaves the JSONL log
+            self._wandb_failed(error)
+
+    def _call_wandb(self, action: Callable[[], Any]) -> None:
+        if self._run is None:
+            return
+        try:
+            action()
+        except Exception as error:  # any W&B failure must leave training and the JSONL log running
+            self._wandb_failed(error)
+
+    def _wandb_failed(self, error: Exception) -> None:
+        self._run = None
+        warnings.warn(
+            f"W&B logging failed and is off for the rest of this run ({type(error).__name__}: {error}); "
+            f"the metrics go on in {self.run_dir / METRICS_FILE}. Set logger.wandb.mode=disabled to skip "
+            "W&B.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def _table(self, records: list[dict[str, Any]]):
+        return self._wandb.Table(
+            columns=list(SAMPLE_COLUMNS), data=[[record[c] for c in SAMPLE_COLUMNS] for record in records]
+        )
+
+    def _advance(self, step: int, values: dict[str, float]) -> None:
+        if step > self._last_step:
+            self._bar.update(step - self._last_step)
+            self._last_step = step
+        postfix = {
+            label: format(values[key], spec)
+            for label, (key, spec) in PROGRESS_FIELDS.items()
+            if key in values
+        }
+        if postfix:
+            self._bar.set_postfix(postfix, refresh=False)
+        self._bar.refresh()
+
+    @staticmethod
+    def _write(file, record: dict[str, Any]) -> None:
+        file.write(json.dumps(record) + "\n")
+        file.flush()
+
+
+def missing_metrics(names: Iterable[str]) -> list[str]:
+    """The METRIC_NAMES absent from ``names``; ``rewards/`` is present when any ``rewards/<component>`` is."""
+    names = set(names)
+    return [
+        metric
+        for metric in METRIC_NAMES
+        if not (any(name.startswith(metric) for name in names) if metric.endswith("/") else metric in names)
+    ]
+
+
+def _open_for_append(path: Path):
+    """Open a JSONL log for appending, first cutting off a last line torn by a killed run (resume appends)."""
+    if path.exists():
+        content = path.read_bytes()
+        if content and not content.endswith(b"\n"):
+            os.truncate(path, content.rfind(b"\n") + 1)
+    return open(path, "a")
+
+
+def _numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics as floats; a reserved name or a value that is not a number is dropped with a warning."""
+    values = {}
+    for key, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            number = None
+        if key in RESERVED or number is None:
+            warnings.warn(
+                f"Metric {key!r}={value!r} is not logged: metric values must be single numbers and the names "
+                f"{RESERVED} are reserved.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            continue
+        values[key] = number
+    return values

@@ -1,0 +1,150 @@
+"""PNG plots of a run's metrics log, for users without W&B: ``python -m rl.report RUN_DIR [--out DIR]``.
+
+Reads ``RUN_DIR/metrics.jsonl`` (written by ``rl.metrics.RunLogger``) and draws the reward, held-out accuracy,
+KL, completion lengths, rollout throughput and the step-time breakdown, each only when its metrics are in the
+log. A step logged twice (a resumed run repeats the steps after its checkpoint) keeps its last value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from matplotlib.figure import Figure
+
+from rl.metrics import METRICS_FILE, RESERVED
+
+Series = dict[str, dict[int, float]]  # metric -> step -> value
+
+
+class PlotSpec(NamedTuple):
+    file: str
+    title: str
+    ylabel: str
+    metrics: tuple[str, ...]  # a name ending in "/" stands for every metric under that prefix
+
+
+PLOTS = (
+    PlotSpec("reward.png", "Reward", "mean reward", ("reward", "rewards/")),
+    PlotSpec("eval_accuracy.png", "Held-out execution accuracy", "accuracy", ("eval/accuracy",)),
+    PlotSpec("kl.png", "KL to the reference policy", "KL", ("kl",)),
+    PlotSpec(
+        "completion_lengths.png",
+        "Completion lengths",
+        "tokens",
+        ("completions/mean_length", "completions/min_length", "completions/max_length"),
+    ),
+    PlotSpec("throughput.png", "Rollout throughput", "tokens / s", ("rollout/tokens_per_s",)),
+    PlotSpec("step_time.png", "Where the step time goes", "seconds", ("time/",)),
+)
+
+
+class ReportError(ValueError):
+    """A missing or malformed metrics log."""
+
+
+@dataclass(slots=True)
+class Report:
+    written: list[Path] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # one note per plot left out
+
+
+def load_metrics(path: str | os.PathLike) -> Series:
+    """Each metric's values by step from a metrics.jsonl; the last value logged for a step wins."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(
+            f"No metrics log at {path}: pass the directory of a training run (it holds {METRICS_FILE})."
+        )
+    series: Series = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ReportError(
+                f"{path}:{number} is not valid JSON ({error}): each line must be one JSON object."
+            ) from error
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise ReportError(
+                f"{path}:{number} is not a metrics record: each line must be a JSON object with an integer "
+                "'step'."
+            )
+        for key, value in record.items():
+            if key not in RESERVED and isinstance(value, (int, float)) and math.isfinite(value):
+                series.setdefault(key, {})[record["step"]] = float(value)
+    if not series:
+        raise ReportError(f"{path} holds no metrics: log at least one step before making a report.")
+    return series
+
+
+def write_plots(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Report:
+    """Write one PNG per plot whose metrics are in the run's log (to RUN_DIR/plots by default)."""
+    series = load_metrics(Path(run_dir) / METRICS_FILE)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report()
+    for spec in PLOTS:
+        names = _matching(spec.metrics, series)
+        if not names:
+            report.skipped.append(f"{spec.file}: no {' or '.join(spec.metrics)} in the log")
+            continue
+        _draw(spec, {name: series[name] for name in names}, series.get("reward_std"), out / spec.file)
+        report.written.append(out / spec.file)
+    return report
+
+
+def _matching(patterns: tuple[str, ...], series: Series) -> list[str]:
+    names = []
+    for pattern in patterns:
+        if pattern.endswith("/"):
+            names += sorted(name for name in series if name.startswith(pattern))
+        elif pattern in series:
+            names.append(pattern)
+    return names
+
+
+def _draw(spec: PlotSpec, lines: Series, reward_std: dict[int, float] | None, path: Path) -> None:
+    figure = Figure(figsize=(7, 4), dpi=100)
+    axes = figure.add_subplot()
+    for name, values in lines.items():
+        steps = sorted(values)
+        axes.plot(steps, [values[s] for s in steps], marker="o" if len(steps) < 30 else None, label=name)
+        if name == "reward" and reward_std:
+            band = [s for s in steps if s in reward_std]
+            low = [values[s] - reward_std[s] for s in band]
+            high = [values[s] + reward_std[s] for s in band]
+            axes.fill_between(band, low, high, alpha=0.2, label="reward ± std")
+    axes.set(title=spec.title, xlabel="step", ylabel=spec.ylabel)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: write the plots and list what was written and what was skipped."""
+    parser = argparse.ArgumentParser(prog="python -m rl.report", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help=f"a training run's directory (holding {METRICS_FILE})")
+    parser.add_argument("--out", default=None, help="where to write the PNGs (default: RUN_DIR/plots)")
+    args = parser.parse_args(argv)
+    try:
+        report = write_plots(args.run_dir, args.out)
+    except ReportError as error:
+        parser.error(str(error))
+    for path in report.written:
+        print(f"wrote {path}")
+    for note in report.skipped:
+        print(f"skipped {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
