@@ -1,0 +1,62 @@
+"""Backend choice shared by every kernel dispatcher: "auto" (Triton on CUDA tensors, PyTorch on CPU),
+"torch" (always the PyTorch reference) or "triton" (always the Triton kernel)."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import triton
+
+BACKENDS = ("auto", "torch", "triton")
+
+# Decided when the Triton kernels are decorated: triton reads TRITON_INTERPRET at @triton.jit time.
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+_backend = "auto"
+
+
+def set_backend(name: str) -> None:
+    """Force the kernels onto one backend: "auto", "torch" or "triton"."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    _backend = name
+
+
+def get_backend() -> str:
+    """The backend currently in force."""
+    return _backend
+
+
+@contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run a block with the kernels forced onto `name`, restoring the previous backend afterwards."""
+    previous = _backend
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """Whether a dispatcher should launch the Triton kernel for inputs living where `tensor` lives."""
+    if _backend == "auto":
+        return tensor.is_cuda
+    return _backend == "triton"
+
+
+def check_triton_device(tensor: torch.Tensor) -> None:
+    """Triton runs CUDA tensors, or CPU tensors only under the interpreter."""
+    if tensor.is_cuda or (INTERPRETED and tensor.device.type == "cpu"):
+        return
+    raise RuntimeError(
+        f"the Triton kernels cannot run on {tensor.device} tensors here: use CUDA tensors, or set "
+        "TRITON_INTERPRET=1 before triton and kernels are imported, or use the torch backend "
+        "(kernels.set_backend('torch'))"
+    )
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot input precision: exact for fp32 (tensor cores would round to tf32), the default otherwise."""
+    return "ieee" if dtype == torch.float32 else "tf32"

@@ -1,0 +1,168 @@
+"""Attention over the paged KV cache: decode (one query token per sequence) and prefill/extend (a chunk of
+queries per sequence attending to its cached prefix and causally within the chunk)."""
+
+import torch
+import torch.nn.functional as F
+
+from kernels.backend import use_triton
+from kernels.paged_decode import paged_attention_decode_triton
+from kernels.paged_prefill import paged_attention_prefill_triton
+
+__all__ = [
+    "paged_attention_decode",
+    "paged_attention_decode_torch",
+    "paged_attention_decode_triton",
+    "paged_attention_prefill",
+    "paged_attention_prefill_torch",
+    "paged_attention_prefill_triton",
+]
+
+
+def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The first `num_tokens` cached positions of each table row:
+    [rows, num_tokens, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = -(-num_tokens // block_size)
+    blocks = cache[block_tables[:, :num_blocks].long()]  # [rows, num_blocks, block_size, kv_heads, head_dim]
+    return blocks.flatten(1, 2)[:, :num_tokens]
+
+
+def paged_attention_decode_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Reference: gathers every sequence's K/V at once and runs one masked SDPA in fp32, the query heads
+    of a KV head acting as that head's query rows; SDPA reads the gathered K/V through strides, no copy."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    max_len = int(context_lens.max()) if num_seqs else 0
+    if max_len == 0:
+        return torch.zeros_like(q)
+    # Fresh gathered copies [seqs, len, kv, dim], ours to modify.
+    k = _gather_blocks(k_cache, block_tables, max_len).float()
+    v = _gather_blocks(v_cache, block_tables, max_len).float()
+    context_lens = context_lens.to(q.device)
+    invalid = torch.arange(max_len, device=q.device) >= context_lens[:, None]  # [seqs, len]
+    # Positions past a sequence's context may hold anything, NaN included, which a mask does not stop.
+    k[invalid] = 0.0
+    v[invalid] = 0.0
+    q_grouped = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        q_grouped, k.transpose(1, 2), v.transpose(1, 2), attn_mask=~invalid[:, None, None, :], scale=scale
+    )  # [seqs, kv, group, dim]
+    # A sequence with no context attends to nothing.
+    out = out.masked_fill((context_lens == 0)[:, None, None, None], 0.0)
+    return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
+
+
+def paged_attention_prefill_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+) -> torch.Tensor:
+    """Reference: per sequence, gathers its prefix and runs one causal SDPA in fp32, with the query heads
+    of a KV head stacked along the query axis so K/V are never repeated."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    starts, lens = cu_seqlens_q.tolist(), context_lens.tolist()
+    for seq, context_len in enumerate(lens):
+        start, end = starts[seq], starts[seq + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        table = block_tables[seq : seq + 1]
+        k = _gather_blocks(k_cache, table, context_len)[0].float().transpose(0, 1)  # [kv, len, dim]
+        v = _gather_blocks(v_cache, table, context_len)[0].float().transpose(0, 1)
+        q_seq = q[start:end].float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        q_seq = q_seq.reshape(num_kv_heads, group * q_len, head_dim)  # [kv, group * q_len, dim]
+        query_pos = torch.arange(context_len - q_len, context_len, device=q.device)
+        allowed = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]  # [q_len, len]
+        attn = F.scaled_dot_product_attention(q_seq, k, v, attn_mask=allowed.repeat(group, 1), scale=scale)
+        attn = attn.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3)
+        out[start:end] = attn.reshape(q_len, num_heads, head_dim).to(q.dtype)
+    return out
+
+
+def _check_common(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor
+) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"paged attention needs q [tokens, num_heads, head_dim] and k_cache, v_cache "
+            f"[num_blocks, block_size, num_kv_heads, head_dim]; got q {tuple(q.shape)}, "
+            f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"
+        )
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
+        raise ValueError(
+            f"q has {num_heads} heads of dim {head_dim} but the cache has {num_kv_heads} KV heads of dim "
+            f"{k_cache.shape[3]}; head dims must match and num_heads must be a multiple of num_kv_heads"
+        )
+    if block_tables.dim() != 2 or block_tables.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"block_tables must be an integer [num_seqs, max_num_blocks] tensor; got {block_tables.dtype} "
+            f"{tuple(block_tables.shape)}"
+        )
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one query token per sequence, q `[num_seqs, num_heads, head_dim]`, over the first
+    context_lens[s] cached tokens of its sequence, read through `block_tables` `[num_seqs, max_num_blocks]`.
+    A sequence with context length 0 gets zeros."""
+    _check_common(q, k_cache, v_cache, block_tables)
+    if block_tables.shape[0] != q.shape[0] or context_lens.shape != (q.shape[0],):
+        raise ValueError(
+            f"decode with {q.shape[0]} query tokens needs block_tables [{q.shape[0]}, max_num_blocks] and "
+            f"context_lens [{q.shape[0]}]; got {tuple(block_tables.shape)} and {tuple(context_lens.shape)}"
+        )
+    if use_triton(q):
+        return paged_attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+) -> torch.Tensor:
+    """Attention of packed query chunks q `[num_tokens, num_heads, head_dim]` (sequence s owns rows
+    cu_seqlens_q[s]:cu_seqlens_q[s+1]); query i of a chunk of q_len sits at position
+    context_lens[s] - q_len + i and attends to every cached position up to its own."""
+    _check_common(q, k_cache, v_cache, block_tables)
+    num_seqs = context_lens.shape[0]
+    if cu_seqlens_q.shape != (num_seqs + 1,) or block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"prefill with {num_seqs} sequences needs cu_seqlens_q [{num_seqs + 1}] and block_tables "
+            f"[{num_seqs}, max_num_blocks]; got {tuple(cu_seqlens_q.shape)} and {tuple(block_tables.shape)}"
+        )
+    if use_triton(q):
+        return paged_attention_prefill_triton(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_query_len
+        )
+    return paged_attention_prefill_torch(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_query_len
+    )

@@ -1,0 +1,41 @@
+"""The backend switch: auto picks the reference for CPU tensors, forcing works, bad names are refused."""
+
+import pytest
+import torch
+
+import kernels
+import kernels.backend
+import kernels.rms_norm
+
+
+def test_auto_uses_reference_on_cpu_and_triton_when_forced(monkeypatch):
+    calls = []
+    monkeypatch.setattr(kernels.rms_norm, "rms_norm_triton", lambda *args: calls.append("triton"))
+    monkeypatch.setattr(kernels.rms_norm, "rms_norm_torch", lambda *args: calls.append("torch"))
+    x, weight = torch.ones(2, 4), torch.ones(4)
+    kernels.rms_norm.rms_norm(x, weight, 1e-6)
+    with kernels.use_backend("triton"):
+        kernels.rms_norm.rms_norm(x, weight, 1e-6)
+    with kernels.use_backend("torch"):
+        kernels.rms_norm.rms_norm(x, weight, 1e-6)
+    assert calls == ["torch", "triton", "torch"]
+    assert kernels.get_backend() == "auto"
+
+
+def test_unknown_backend_is_refused_and_state_kept():
+    with kernels.use_backend("torch"):
+        with pytest.raises(ValueError, match="unknown kernel backend 'cuda'"):
+            kernels.set_backend("cuda")
+        assert kernels.get_backend() == "torch"
+
+
+def test_backend_restored_after_an_error():
+    with pytest.raises(RuntimeError), kernels.use_backend("triton"):
+        raise RuntimeError("boom")
+    assert kernels.get_backend() == "auto"
+
+
+def test_triton_on_cpu_without_interpreter_explains_the_fix(monkeypatch):
+    monkeypatch.setattr(kernels.backend, "INTERPRETED", False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        kernels.rms_norm.rms_norm_triton(torch.ones(2, 4), torch.ones(4), 1e-6)
