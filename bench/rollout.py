@@ -1,0 +1,224 @@
+"""GRPO rollout throughput: the paged engine against transformers `generate(num_return_sequences=G)`.
+
+Workload (issue 3): SmolLM2-135M-Instruct, 16 chat prompts of different lengths, G=8 samples each,
+max_tokens=128, temperature 1.0, stop at EOS. Useful tokens are generated tokens up to and including
+EOS; padding and tokens after EOS do not count. Also prints peak KV memory (paged vs a contiguous
+prompt + max_tokens reservation per sample), blocks saved by group sharing, and the share of the CPU's
+matmul roofline the engine reaches. Ends with one JSON line.
+
+    python bench/rollout.py                       # the full workload (a few minutes on 2 cores)
+    python bench/rollout.py --num-prompts 4 --max-tokens 32 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from rl.models import load_model
+from rollout_engine import LLMEngine, SamplingParams
+
+TASKS = [
+    "Say hello.",
+    "What is the capital of France?",
+    "Count the rows of the table users.",
+    "Write a SQL query listing every customer whose name starts with A, sorted by name.",
+    "Explain in two sentences what a LEFT JOIN does and when an INNER JOIN would drop rows instead.",
+    "Given tables orders(id, customer_id, total, created_at) and customers(id, name, country), write a query "
+    "returning the total spent per country in 2023, largest first.",
+    "Is 91 a prime number?",
+    "Translate 'good morning' into Spanish.",
+    "Write a SQL query that finds the second highest salary in employees(id, name, salary, department_id), "
+    "returning NULL when there is none, and explain why DISTINCT matters here.",
+    "Name three sorting algorithms.",
+    "The table events(id, user_id, kind, ts) logs clicks and views. Write a query giving, for each user, the "
+    "ratio of clicks to views over the last 7 days, skipping users with no views, rounded to two decimals.",
+    "What does GROUP BY do?",
+    "Fix this query: SELECT name, COUNT(*) FROM people;",
+    "Write a query joining products(id, name, price) and order_items(order_id, product_id, qty) that returns "
+    "the ten best-selling products by revenue.",
+    "Summarise the purpose of database indexes in one paragraph.",
+    "Given schema: students(id, name), courses(id, title), enrolments(student_id, course_id, grade). Write a "
+    "query returning each course title with its number of students and average grade, including courses "
+    "nobody takes, and order the result by average grade descending with NULLs last.",
+]
+
+
+def chat_prompts(tokenizer, num_prompts: int) -> list[list[int]]:
+    messages = [[{"role": "user", "content": TASKS[i % len(TASKS)]}] for i in range(num_prompts)]
+    return [
+        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"]
+        for m in messages
+    ]
+
+
+def useful_length(row: list[int], eos: int) -> int:
+    return row.index(eos) + 1 if eos in row else len(row)
+
+
+def run_engine(engine: LLMEngine, prompts, group_size: int, max_tokens: int, seed: int):
+    params = SamplingParams(
+        n=group_size, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=seed
+    )
+    start = time.perf_counter()
+    results = engine.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    return seconds, sum(len(s.token_ids) for r in results for s in r.samples)
+
+
+def run_hf(model, tokenizer, prompts, group_size: int, max_tokens: int, seed: int):
+    eos = tokenizer.eos_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    out = model.generate(
+        input_ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        num_return_sequences=group_size,
+        max_new_tokens=max_tokens,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
+    seconds = time.perf_counter() - start
+    return seconds, sum(useful_length(row, eos) for row in out[:, width:].tolist())
+
+
+def matmul_gflops(m: int, k: int, n: int, repeats: int = 10) -> float:
+    """Best-of-`repeats` fp32 GEMM throughput (the best run is the least disturbed by other processes)."""
+    a, b = torch.randn(m, k), torch.randn(n, k)
+    torch.nn.functional.linear(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.nn.functional.linear(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * m * k * n / best / 1e9
+
+
+def engine_matmul_flops(model, num_computed_tokens: int, num_logits_rows: int) -> int:
+    """2 x weights multiplied: every computed token goes through the decoder projections, and each
+    sampled token's row through the LM head."""
+    decoder = sum(p.numel() for p in model.model.layers.parameters() if p.dim() == 2)
+    return 2 * (decoder * num_computed_tokens + model.lm_head.weight.numel() * num_logits_rows)
+
+
+def decode_step_gflops(engine: LLMEngine, model, prompts, group_size: int) -> tuple[float, int]:
+    """Matmul GFLOP/s of the engine's whole decode step (attention, norms and sampling included) at the
+    full batch of len(prompts) x group_size sequences; returns (GFLOP/s, batch)."""
+    params = SamplingParams(n=group_size, max_tokens=24, seed=0, stop_token_ids=[])
+    for prompt in prompts:
+        engine.add_request(prompt, params)
+    for _ in range(4):  # prefill and fork, then a few decodes
+        engine.step()
+    batch = len(engine.scheduler.running)
+    num_steps = 12
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        engine.step()
+    seconds = (time.perf_counter() - start) / num_steps
+    while engine.has_unfinished():
+        engine.step()
+    return engine_matmul_flops(model, batch, batch) / seconds / 1e9, batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kv-budget-gib", type=float, default=4.0, help="memory_budget_bytes for the engine")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="print the engine's top ops (torch.profiler)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model("smollm2_135m")
+    prompts = chat_prompts(tokenizer, args.num_prompts)
+    engine = LLMEngine(model, tokenizer, memory_budget_bytes=int(args.kv_budget_gib * 2**30))
+    load = os.getloadavg()[0]
+
+    run_engine(engine, prompts[:2], 2, 4, args.seed)  # warm-up
+    run_hf(model, tokenizer, prompts[:2], 2, 4, args.seed)
+    warm = engine.stats()
+    engine_s, engine_tokens = run_engine(engine, prompts, args.group_size, args.max_tokens, args.seed)
+    stats = engine.stats()
+    hf_s, hf_tokens = run_hf(model, tokenizer, prompts, args.group_size, args.max_tokens, args.seed)
+
+    step_gflops, batch = decode_step_gflops(engine, model, prompts, args.group_size)
+    computed = stats["num_prefill_tokens"] - warm["num_prefill_tokens"] + engine_tokens
+    engine_gflops = engine_matmul_flops(model, computed, engine_tokens) / engine_s / 1e9
+    peak_gflops = matmul_gflops(2048, 2048, 2048)
+    shape_gflops = matmul_gflops(batch, model.config.hidden_size, model.config.intermediate_size)
+    per_block = stats["kv_bytes_per_block"]
+    per_token = per_block // engine.block_manager.block_size
+    paged_peak = stats["num_blocks_peak"] * per_block
+    contiguous = sum(len(p) + args.max_tokens for p in prompts) * args.group_size * per_token
+    figures = {
+        "engine_tokens_per_s": engine_tokens / engine_s,
+        "hf_tokens_per_s": hf_tokens / hf_s,
+        "speedup": (engine_tokens / engine_s) / (hf_tokens / hf_s),
+        "engine_useful_tokens": engine_tokens,
+        "hf_useful_tokens": hf_tokens,
+        "engine_s": engine_s,
+        "hf_s": hf_s,
+        "kv_peak_paged_mib": paged_peak / 2**20,
+        "kv_contiguous_mib": contiguous / 2**20,
+        "blocks_saved_by_sharing": stats["num_blocks_saved_by_sharing"] - warm["num_blocks_saved_by_sharing"],
+        "preemptions": stats["num_preemptions"],
+        "engine_matmul_gflops": engine_gflops,
+        "roofline_gflops_2048": peak_gflops,
+        "roofline_gflops_decode_shape": shape_gflops,
+        "roofline_share": engine_gflops / peak_gflops,
+        "decode_step_batch": batch,
+        "decode_step_gflops": step_gflops,
+        "decode_step_roofline_share": step_gflops / peak_gflops,
+        "threads": args.threads,
+        "load_avg_1min": load,
+    }
+    print(f"{'':24}{'engine':>12}{'transformers':>14}")
+    print(f"{'useful tokens':24}{engine_tokens:>12}{hf_tokens:>14}")
+    print(f"{'seconds':24}{engine_s:>12.1f}{hf_s:>14.1f}")
+    print(
+        f"{'useful tokens / s':24}{figures['engine_tokens_per_s']:>12.1f}{figures['hf_tokens_per_s']:>14.1f}"
+    )
+    print(f"speedup: {figures['speedup']:.2f}x")
+    print(
+        f"peak KV: paged {figures['kv_peak_paged_mib']:.1f} MiB vs contiguous "
+        f"{figures['kv_contiguous_mib']:.1f} MiB"
+    )
+    print(f"blocks saved by group sharing: {figures['blocks_saved_by_sharing']}")
+    print(
+        f"matmul: engine {engine_gflops:.1f} GFLOP/s, roofline {peak_gflops:.1f} GFLOP/s (2048^3), "
+        f"{shape_gflops:.1f} GFLOP/s at [{batch}x{model.config.hidden_size}]x[{model.config.hidden_size}x"
+        f"{model.config.intermediate_size}] -> {figures['roofline_share']:.0%} of roofline over the run"
+    )
+    print(
+        f"decode step at batch {batch}: {step_gflops:.1f} GFLOP/s of matmul work -> "
+        f"{figures['decode_step_roofline_share']:.0%} of roofline"
+    )
+    print(f"threads {args.threads}, load average at start {load:.2f}")
+    if args.profile:
+        profile_engine(engine, prompts, args)
+    print(json.dumps(figures))
+
+
+def profile_engine(engine: LLMEngine, prompts, args) -> None:
+    from torch.profiler import profile
+
+    with profile() as prof:
+        run_engine(engine, prompts, args.group_size, min(args.max_tokens, 16), args.seed)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""The front door: LLMEngine.generate(prompts, SamplingParams) -> one GroupResult per prompt."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from rollout_engine.block_manager import BlockManager
+from rollout_engine.memory import activation_bytes, kv_bytes_per_block, num_kv_blocks, total_memory_bytes
+from rollout_engine.model_runner import ModelRunner, order_for_step
+from rollout_engine.models import build_paged_model, unwrap_model
+from rollout_engine.outputs import Completion, GroupResult
+from rollout_engine.profiling import profile_activation_bytes
+from rollout_engine.sampler import SamplingBatch, sample
+from rollout_engine.sampling_params import SamplingParams
+from rollout_engine.scheduler import ScheduledSeq, Scheduler
+from rollout_engine.sequence import Sequence
+from rollout_engine.stopping import StopChecker
+
+
+@dataclass(slots=True)
+class _Request:
+    prompt_token_ids: list[int]
+    samples: list[Completion | None]
+    stop: StopChecker
+    num_finished: int = 0
+
+
+class LLMEngine:
+    """Paged rollout engine over a transformers Llama / Qwen2 / Qwen3 model (optionally peft-wrapped).
+
+    The engine reads the model's own weights (never copies them), keeps KV in one preallocated pool of
+    `block_size`-token blocks sized from `memory_fraction`, and batches continuously.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer=None,
+        block_size: int = 16,
+        memory_fraction: float = 0.35,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        memory_budget_bytes: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        if not 0.0 < memory_fraction <= 1.0:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+        config = unwrap_model(model).config
+        self.max_model_len = max_model_len or config.max_position_embeddings
+        self.model = build_paged_model(model, self.max_model_len)
+        weight = self.model.embed_tokens.weight
+        self.vocab_size = weight.shape[0]
+        budget = int(memory_fraction * total_memory_bytes(weight.device, memory_budget_bytes))
+        if weight.device.type == "cuda":
+            act = profile_activation_bytes(
+                self.model,
+                block_size,
+                weight.dtype,
+                weight.device,
+                max_num_batched_tokens,
+                max_num_seqs,
+                self.max_model_len,
+            )
+        else:
+            act = activation_bytes(
+                max_num_batched_tokens,
+                max_num_seqs,
+                config.hidden_size,
+                config.intermediate_size,
+                self.vocab_size,
+                weight.dtype,
+            )
+        per_block = kv_bytes_per_block(
+            self.model.num_layers, block_size, self.model.num_kv_heads, self.model.head_dim, weight.dtype
+        )
+        num_blocks = num_kv_blocks(budget, act, per_block, self.max_model_len, block_size)
+        self.block_manager = BlockManager(num_blocks, block_size)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, num_blocks, block_size, weight.dtype, weight.device)
+        self.tokenizer = tokenizer
+        self._requests: dict[int, _Request] = {}
+        self._next_request_id = 0
+        self._next_seq_id = 0
+        self.num_prefill_tokens = 0
+        self.num_generated_tokens = 0
+        self.num_blocks_saved_by_sharing = 0
+
+    # requests
+
+    def _validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        params.validate()
+        if params.n > self.scheduler.max_num_seqs:
+            raise ValueError(
+                f"n={params.n} samples cannot run together under max_num_seqs={self.scheduler.max_num_seqs}; "
+                "raise max_num_seqs or lower n"
+            )
+        StopChecker(params, self.tokenizer)
+        if isinstance(prompt_token_ids, (str, int)) or not all(isinstance(t, int) for t in prompt_token_ids):
+            raise ValueError("each prompt must be a list of token ids (ints); tokenize text first")
+        if len(prompt_token_ids) == 0:
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt_token_ids)} tokens leaves no room to generate within max_model_len="
+                f"{self.max_model_len}; shorten the prompt or raise max_model_len"
+            )
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size}), the model's vocabulary")
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Queue one prompt for params.n samples; returns its request id."""
+        self._validate_request(prompt_token_ids, params)
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
+        self._requests[request_id] = _Request(
+            prompt_token_ids=list(prompt_token_ids),
+            samples=[None] * params.n,
+            stop=StopChecker(params, self.tokenizer),
+        )
+        rngs = [random.Random(seed + i) for i in range(params.n)]
+        self.scheduler.add(
+            self._new_sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params, rngs)
+        )
+        return request_id
+
+    def _new_sequence(
+        self, request_id, token_ids, num_prompt_tokens, params, rngs, sample_index=0
+    ) -> Sequence:
+        self._next_seq_id += 1
+        return Sequence(
+            self._next_seq_id, request_id, token_ids, num_prompt_tokens, params, rngs, sample_index
+        )
+
+    def has_unfinished(self) -> bool:
+        """Whether any added request still has samples running or waiting."""
+        return self.scheduler.has_unfinished()
+
+    # stepping
+
+    def step(self) -> list[GroupResult]:
+        """Run one scheduled batch; returns the groups that finished in it."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        self.runner.copy_blocks(out.copies)
+        items = order_for_step(out.scheduled)
+        rows_per_item = [item.seq.num_samples_at_next_token if item.samples else 0 for item in items]
+        logits = self.runner.run(self.runner.prepare(items, rows_per_item))
+        sampling = [item.seq for item in items if item.samples]
+        rngs = [rng for seq in sampling for rng in seq.rngs]
+        params = [seq.params for seq in sampling for _ in seq.rngs]
+        batch = SamplingBatch(
+            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params], rngs
+        )
+        tokens, logprobs = sample(logits, batch)
+        values = torch.stack((tokens.double(), logprobs.double())).tolist()  # the step's one sync
+        for item in items:
+            self._advance(item)
+        return self._process_samples(sampling, values[0], values[1])
+
+    def _advance(self, item: ScheduledSeq) -> None:
+        seq = item.seq
+        start = seq.num_computed_tokens
+        self.num_prefill_tokens += max(0, min(item.num_new_tokens, seq.num_prompt_tokens - start))
+        seq.num_computed_tokens += item.num_new_tokens
+        self.block_manager.mark_computed(seq)
+
+    def _process_samples(
+        self, sampling: list[Sequence], tokens: list[float], logprobs: list[float]
+    ) -> list[GroupResult]:
+        finished: list[GroupResult] = []
+        row = 0
+        for seq in sampling:
+            group = [seq] + self._fork(seq) if seq.num_samples_at_next_token > 1 else [seq]
+            for member in group:
+                member.token_ids.append(int(tokens[row]))
+                member.logprobs.append(logprobs[row])
+                row += 1
+                result = self._check_finished(member)
+                if result is not None:
+                    finished.append(result)
+        return finished
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """Split a group's prompt sequence into its n samples, all sharing the prompt's blocks."""
+        children = [
+            self._new_sequence(
+                parent.request_id, list(parent.token_ids), parent.num_prompt_tokens, parent.params, [rng], i
+            )
+            for i, rng in enumerate(parent.rngs[1:], start=1)
+        ]
+        parent.rngs = parent.rngs[:1]
+        self.scheduler.fork(parent, children)
+        num_full_blocks = parent.num_computed_tokens // self.block_manager.block_size
+        self.num_blocks_saved_by_sharing += len(children) * num_full_blocks
+        return children
+
+    def _check_finished(self, seq: Sequence) -> GroupResult | None:
+        request = self._requests[seq.request_id]
+        self.num_generated_tokens += 1
+        reason = request.stop.finish_reason(seq.completion_token_ids)
+        if reason is None and seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is None:
+            return None
+        self.scheduler.finish(seq)
+        request.samples[seq.sample_index] = Completion(
+            request.prompt_token_ids, seq.completion_token_ids, seq.logprobs, reason, seq.sample_index
+        )
+        request.num_finished += 1
+        if request.num_finished < len(request.samples):
+            return None
+        del self._requests[seq.request_id]
+        return GroupResult(seq.request_id, request.prompt_token_ids, list(request.samples))
+
+    # front door
+
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[GroupResult]:
+        """Sample params.n completions for every prompt; one GroupResult per prompt, in order."""
+        params_list = self._validate_batch(prompt_token_ids, params)
+        pairs = zip(prompt_token_ids, params_list, strict=True)
+        request_ids = [self.add_request(prompt, p) for prompt, p in pairs]
+        results: dict[int, GroupResult] = {}
+        bar = tqdm(total=sum(p.n for p in params_list), desc="rollout", unit="sample", disable=not use_tqdm)
+        start, start_tokens = time.perf_counter(), self.num_generated_tokens
+        while len(results) < len(request_ids):
+            for group in self.step():
+                results[group.request_id] = group
+                bar.update(len(group.samples))
+            rate = (self.num_generated_tokens - start_tokens) / max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
+        bar.close()
+        return [results[request_id] for request_id in request_ids]
+
+    def _validate_batch(
+        self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None
+    ) -> list[SamplingParams]:
+        """Check every prompt and its params before any is queued, so bad input leaves no trace."""
+        if self.scheduler.has_unfinished():
+            raise ValueError("requests from add_request are still running: step() them to the end first")
+        if prompt_token_ids and isinstance(prompt_token_ids[0], int):
+            raise ValueError("generate takes a list of prompts (token id lists); wrap one prompt as [ids]")
+        params = params if params is not None else SamplingParams()
+        params_list = params if isinstance(params, list) else [params] * len(prompt_token_ids)
+        if len(params_list) != len(prompt_token_ids):
+            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompt_token_ids)} prompts")
+        for prompt, p in zip(prompt_token_ids, params_list, strict=True):
+            self._validate_request(prompt, p)
+        return params_list
+
+    def continue_request(
+        self, completion: Completion, new_token_ids: list[int], params: SamplingParams
+    ) -> GroupResult:
+        """Append environment tokens to a finished sample and generate the next turn.
+
+        The conversation so far (prompt + completion) was cached block by block while it was generated,
+        so the earlier turns' full KV blocks are reused through the prefix cache and only the new tokens
+        (plus the tail of the last, partly filled block) are prefilled.
+        """
+        return self.generate(
+            [completion.prompt_token_ids + completion.token_ids + list(new_token_ids)], params
+        )[0]
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (call after each weight update)."""
+        self.block_manager.reset_prefix_cache()
+
+    def stats(self) -> dict[str, int]:
+        """Block usage now and at peak, sharing and cache counters, and the KV pool's size in bytes."""
+        bm = self.block_manager
+        return {
+            "num_blocks_total": bm.num_blocks,
+            "num_blocks_used": bm.num_used_blocks,
+            "num_blocks_shared": bm.num_shared_blocks(),
+            "num_blocks_peak": bm.num_blocks_peak,
+            "num_blocks_saved_by_sharing": self.num_blocks_saved_by_sharing,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_hits": bm.prefix_cache_hits,
+            "num_prefill_tokens": self.num_prefill_tokens,
+            "num_generated_tokens": self.num_generated_tokens,
+            "kv_bytes_total": self.runner.kv_bytes_total,
+            "kv_bytes_per_block": self.runner.kv_bytes_total // bm.num_blocks,
+        }

@@ -1,0 +1,62 @@
+"""Sizing the KV pool from the memory fraction.
+
+The engine's own memory (KV pool plus the activations of one max-size step) stays under
+memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU).
+The model weights are shared with the trainer and are not counted. On CUDA the activations are
+measured with a dummy step (profiling.py); on CPU `activation_bytes` estimates them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def kv_bytes_per_block(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    """Bytes of K and V for one block across all layers."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def total_memory_bytes(device: torch.device, memory_budget_bytes: int | None) -> int:
+    """The memory the fraction applies to: the CUDA device's, the given budget, or system RAM."""
+    if memory_budget_bytes is not None:
+        return memory_budget_bytes
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def activation_bytes(
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    hidden_size: int,
+    intermediate_size: int,
+    vocab_size: int,
+    dtype: torch.dtype,
+) -> int:
+    """Peak activations of one max-size step: a few hidden-sized buffers plus the MLP, per token, and
+    the fp32 logits with the sampler's softmax/cumsum copies, per sampled row."""
+    itemsize = torch.finfo(dtype).bits // 8
+    per_token = (8 * hidden_size + 3 * intermediate_size) * itemsize
+    per_row = 6 * vocab_size * 4
+    return max_num_batched_tokens * per_token + max_num_seqs * per_row
+
+
+def num_kv_blocks(
+    budget_bytes: int, activation_bytes: int, bytes_per_block: int, max_model_len: int, block_size: int
+) -> int:
+    """How many KV blocks fit in the budget; ValueError when not even one max_model_len sequence fits."""
+    num_blocks = max(budget_bytes - activation_bytes, 0) // bytes_per_block
+    num_needed = -(-max_model_len // block_size)
+    if num_blocks < num_needed:
+        need = num_needed * bytes_per_block + activation_bytes
+        raise ValueError(
+            f"the KV budget of {budget_bytes / 2**20:.1f} MiB holds {num_blocks} blocks after "
+            f"{activation_bytes / 2**20:.1f} MiB of activations, but one sequence of max_model_len="
+            f"{max_model_len} tokens needs {num_needed} blocks ({need / 2**20:.1f} MiB in all); raise "
+            "memory_fraction or memory_budget_bytes, or lower max_model_len / max_num_batched_tokens"
+        )
+    return num_blocks

@@ -1,0 +1,125 @@
+"""Turns a scheduled batch into tensors, runs the paged model and owns the KV pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rollout_engine.block_manager import CopyPair
+from rollout_engine.models import AttentionMetadata, PagedDecoder
+from rollout_engine.scheduler import ScheduledSeq
+
+_CPU_DECODE_GROUPS = 4
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_rows] int64
+
+
+def _block_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max((len(table) for table in tables), default=0)
+    padded = [table + [0] * (width - len(table)) for table in tables]
+    return torch.tensor(padded, dtype=torch.int32, device=device).view(len(tables), width)
+
+
+def _int32(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+class ModelRunner:
+    """Holds the KV pool ([num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], one tensor)."""
+
+    def __init__(
+        self, model: PagedDecoder, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
+        self.kv_pool = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_pool]
+
+    @property
+    def kv_bytes_total(self) -> int:
+        return self.kv_pool.numel() * self.kv_pool.element_size()
+
+    def copy_blocks(self, copies: list[CopyPair]) -> None:
+        """Copy-on-write: KV rows of each src block go to its dst block, in every layer."""
+        if not copies:
+            return
+        src, dst = zip(*copies, strict=True)
+        src_ids = torch.tensor(src, device=self.device)
+        self.kv_pool[:, :, torch.tensor(dst, device=self.device)] = self.kv_pool[:, :, src_ids]
+
+    def prepare(self, scheduled: list[ScheduledSeq], rows_per_item: list[int]) -> StepInputs:
+        """Pack chunks (prefill chunks before decodes, as `order_for_step` arranges them) into tensors.
+
+        rows_per_item[i] is how many logits rows item i needs: 0 for a chunk that does not reach the end
+        of its sequence, n for the prompt of an n-sample group (one row per sample), else 1.
+        """
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_indices: list[int] = []
+        prefill_tables, cu_seqlens, prefill_lens, decode_tables, decode_lens = [], [0], [], [], []
+        max_query_len = 0
+        for item, num_rows in zip(scheduled, rows_per_item, strict=True):
+            seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
+            end = start + count
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[pos // bs] * bs + pos % bs for pos in range(start, end))
+            logits_indices.extend([len(input_ids) - 1] * num_rows)
+            if count > 1:
+                prefill_tables.append(table)
+                cu_seqlens.append(cu_seqlens[-1] + count)
+                prefill_lens.append(end)
+                max_query_len = max(max_query_len, count)
+            else:
+                decode_tables.append(table)
+                decode_lens.append(end)
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            num_prefill_tokens=cu_seqlens[-1],
+            prefill_block_tables=_block_tables(prefill_tables, device),
+            prefill_cu_seqlens_q=_int32(cu_seqlens, device),
+            prefill_context_lens=_int32(prefill_lens, device),
+            prefill_max_query_len=max_query_len,
+            decode_block_tables=_block_tables(decode_tables, device),
+            decode_context_lens=_int32(decode_lens, device),
+            decode_splits=self._decode_splits(len(decode_lens)),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            meta=meta,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
+        )
+
+    def _decode_splits(self, num_decodes: int) -> list[int]:
+        """On CPU, cut the length-sorted decodes into a few equal groups: the reference attention pads every
+        sequence of a call to the call's longest context. A GPU kernel handles ragged lengths in one call."""
+        num_groups = 1 if self.device.type == "cuda" else max(1, min(_CPU_DECODE_GROUPS, num_decodes // 16))
+        return [num_decodes * i // num_groups for i in range(num_groups + 1)]
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits [num_rows, vocab] (fp32)."""
+        return self.model(
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
+        )
+
+
+def order_for_step(scheduled: list[ScheduledSeq]) -> list[ScheduledSeq]:
+    """Prefill chunks (more than one token) first, then single-token decodes by context length, as the
+    attention expects."""
+    prefills = [item for item in scheduled if item.num_new_tokens > 1]
+    decodes = [item for item in scheduled if item.num_new_tokens == 1]
+    return prefills + sorted(decodes, key=lambda item: item.seq.num_computed_tokens)

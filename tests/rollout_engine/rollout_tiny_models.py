@@ -1,0 +1,73 @@
+"""Tiny random Llama / Qwen2 / Qwen3 models, HF references and engine builders for the engine tests."""
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from rollout_engine import LLMEngine
+
+VOCAB = 256
+_SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    # Peaked logits keep greedy argmax far from ties, so fp32 summation order cannot flip a token.
+    initializer_range=0.2,
+    attn_implementation="eager",
+)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**_SHAPE),
+    "qwen2": lambda: Qwen2Config(**_SHAPE),
+    "qwen3": lambda: Qwen3Config(head_dim=32, **_SHAPE),
+}
+
+
+def make_tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
+    """A seeded random model whose biases and norm weights are non-trivial, so each one matters."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+            elif param.dim() == 1:
+                param.add_(torch.randn_like(param) * 0.2)
+    return model
+
+
+def make_engine(model, **overrides) -> LLMEngine:
+    kwargs = dict(
+        block_size=4, memory_budget_bytes=2**26, max_num_seqs=16, max_num_batched_tokens=64, max_model_len=128
+    )
+    kwargs.update(overrides)
+    return LLMEngine(model, None, **kwargs)
+
+
+def random_prompts(lengths, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos_token_id=None) -> list[int]:
+    """transformers' own greedy continuation of one unpadded prompt."""
+    out = model.generate(
+        torch.tensor([prompt], device=model.device),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) of each completion token under one HF forward over prompt + completion."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / scale, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)

@@ -1,0 +1,176 @@
+"""The engine against transformers on tiny random Llama / Qwen2 / Qwen3 models (fp32): greedy tokens,
+sampled-token logprobs, shared weights, peft wrapping, seeds, and bad input."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, Qwen2Config
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
+
+from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
+
+FAMILIES = ["llama", "qwen2", "qwen3"]
+LENGTHS = [3, 11, 17, 6, 30]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return make_tiny_model(request.param)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_tiny_model("llama", seed=1)
+
+
+def test_greedy_equals_hf_generate_on_mixed_length_batch(family_model):
+    prompts = random_prompts(LENGTHS)
+    engine = make_engine(family_model)
+    results = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[]))
+    for prompt, group in zip(prompts, results, strict=True):
+        (sample,) = group.samples
+        assert sample.token_ids == hf_greedy(family_model, prompt, 12)
+        assert sample.finish_reason == "length"
+    assert engine.stats()["num_blocks_used"] == 0
+
+
+def test_stop_token_ends_a_completion_like_hf_eos(llama):
+    prompt = random_prompts([9], seed=3)[0]
+    free_run = hf_greedy(llama, prompt, 10)
+    stop = free_run[4]
+    expected = hf_greedy(llama, prompt, 10, eos_token_id=stop)
+    (group,) = make_engine(llama).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[stop])
+    )
+    assert group.samples[0].token_ids == expected == free_run[: free_run.index(stop) + 1]
+    assert group.samples[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
+def test_sampled_logprobs_equal_hf_log_softmax(family_model, temperature):
+    prompts = random_prompts([5, 13], seed=4)
+    params = SamplingParams(
+        n=3, temperature=temperature, top_k=20, top_p=0.9, max_tokens=8, seed=7, stop_token_ids=[]
+    )
+    for prompt, group in zip(prompts, make_engine(family_model).generate(prompts, params), strict=True):
+        for sample in group.samples:
+            expected = hf_logprobs(family_model, prompt, sample.token_ids, temperature)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_engine_reads_the_hf_weights_in_place(llama):
+    prompt = random_prompts([8], seed=5)[0]
+    engine = make_engine(llama)
+    greedy = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[])
+    before = engine.generate([prompt], greedy)[0].samples[0].token_ids
+    weight = llama.model.layers[0].mlp.down_proj.weight
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(-3.0)
+        engine.reset_prefix_cache()
+        after = engine.generate([prompt], greedy)[0].samples[0].token_ids
+        assert after == hf_greedy(llama, prompt, 8)
+        assert after != before
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+
+
+def test_peft_wrapped_model_uses_the_base_weights(llama):
+    peft = pytest.importorskip("peft")
+    wrapped = peft.get_peft_model(
+        make_tiny_model("llama", seed=1),
+        peft.LoraConfig(
+            r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        ),
+    )
+    prompts = random_prompts([7, 12], seed=6)
+    results = make_engine(wrapped).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[])
+    )
+    for prompt, group in zip(prompts, results, strict=True):
+        assert group.samples[0].token_ids == hf_greedy(llama, prompt, 8)
+
+
+def test_same_seed_same_samples_regardless_of_batch(llama):
+    prompts = random_prompts([6, 15, 9], seed=8)
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=10, seed=123, stop_token_ids=[])
+    alone = make_engine(llama).generate([prompts[1]], params)[0]
+    batched = make_engine(llama, max_num_batched_tokens=16).generate(prompts, params)[1]
+    assert [s.token_ids for s in alone.samples] == [s.token_ids for s in batched.samples]
+    other_seed = make_engine(llama).generate(
+        [prompts[1]], SamplingParams(**{**_fields(params), "seed": 124})
+    )[0]
+    assert [s.token_ids for s in other_seed.samples] != [s.token_ids for s in alone.samples]
+    assert len({tuple(s.token_ids) for s in alone.samples}) > 1  # the 4 samples of a group differ
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {name: getattr(params, name) for name in SamplingParams.__slots__}
+
+
+@pytest.mark.parametrize(
+    "prompts, params, match",
+    [
+        ([[]], SamplingParams(), "empty prompt"),
+        ([list(range(128))], SamplingParams(), "max_model_len"),
+        ([[1, 2, 999]], SamplingParams(), "vocabulary"),
+        ([1, 2, 3], SamplingParams(), "list of prompts"),
+        ([[1, 2]], SamplingParams(stop=["x"]), "tokenizer"),
+        ([[1, 2]], SamplingParams(n=17), "max_num_seqs"),
+    ],
+)
+def test_bad_input_is_rejected_and_the_engine_keeps_working(llama, prompts, params, match):
+    engine = make_engine(llama)
+    with pytest.raises(ValueError, match=match):
+        engine.generate([[5, 6, 7], *prompts] if isinstance(prompts[0], list) else prompts, params)
+    assert not engine.has_unfinished() and engine.stats()["num_blocks_used"] == 0
+    (group,) = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, stop_token_ids=[]))
+    assert group.samples[0].token_ids == hf_greedy(llama, [5, 6, 7], 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n=0), "n must be"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(max_tokens=0), "max_tokens"),
+    ],
+)
+def test_bad_sampling_params_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_unsupported_architecture_is_rejected():
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+        LLMEngine(gpt2, None, memory_budget_bytes=2**26)
+
+
+def test_sliding_window_attention_is_rejected():
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        use_sliding_window=True,
+        sliding_window=16,
+    )
+    with pytest.raises(ValueError, match="use_sliding_window=True is not supported"):
+        LLMEngine(AutoModelForCausalLM.from_config(config), None, memory_budget_bytes=2**26)
+
+
+def test_budget_too_small_for_one_sequence_fails_at_start_up(llama):
+    with pytest.raises(ValueError, match="raise memory_fraction or memory_budget_bytes"):
+        make_engine(llama, memory_budget_bytes=2**16)
