@@ -30,6 +30,14 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 
 @torch.no_grad()
+def first_loss_position(batch: RolloutBatch) -> int:
+    """The earliest column any row's loss covers (at least 1); logprobs before it are never used."""
+    rows = batch.loss_mask.any(dim=1)
+    if not rows.any():
+        return 1
+    return max(1, int(batch.loss_mask[rows].float().argmax(dim=1).min().item()))
+
+
 def batch_logprobs(
     model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int, temperature: float = 1.0
 ) -> torch.Tensor:
@@ -39,7 +47,7 @@ def batch_logprobs(
         mb = batch.rows(start, start + micro_batch_size, _device(model))
         width = mb.input_ids.size(1)
         out[start : start + mb.num_sequences, :width] = token_logprobs(
-            _unwrap(model), mb.input_ids, mb.attention_mask, temperature
+            _unwrap(model), mb.input_ids, mb.attention_mask, temperature, first_target=first_loss_position(mb)
         ).logprobs
     return out
 
@@ -109,7 +117,14 @@ def accumulate_gradients(
         last = i == len(starts) - 1
         no_sync = getattr(model, "no_sync", None)
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
-            out = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, with_entropy=True)
+            out = token_logprobs(
+                model,
+                mb.input_ids,
+                mb.attention_mask,
+                temperature,
+                with_entropy=True,
+                first_target=first_loss_position(mb),
+            )
             old = out.logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
             loss, stats = loss_fn(
                 out.logprobs,

@@ -5,7 +5,7 @@ import copy
 import torch
 
 from rl.logprobs import token_logprobs
-from rl.trainer import batch_logprobs, reference_logprobs
+from rl.trainer import batch_logprobs, first_loss_position, reference_logprobs
 
 
 def hf_row_logprobs(model, ids, temperature=1.0):
@@ -44,8 +44,11 @@ def test_reference_is_the_base_model_with_adapter_disabled(make_llama, make_lora
     model, batch = make_lora(base, perturb=True), make_batch()
     ref = reference_logprobs(model, batch, micro_batch_size=4)
     policy = batch_logprobs(model, batch, micro_batch_size=4)
+    first = first_loss_position(batch)  # targets before the earliest loss column are skipped, left at 0
+    assert first > 1 and not ref[:, :first].any()
     for row, length in enumerate(batch.attention_mask.sum(1).tolist()):
-        expected = hf_row_logprobs(base_copy, batch.input_ids[row, :length])
-        torch.testing.assert_close(ref[row, 1:length], expected, atol=1e-5, rtol=1e-5)
+        expected = hf_row_logprobs(base_copy, batch.input_ids[row, :length])  # targets 1 .. length-1
+        in_loss = batch.loss_mask[row, 1:length]
+        torch.testing.assert_close(ref[row, 1:length][in_loss], expected[in_loss], atol=1e-5, rtol=1e-5)
     # the perturbed adapter really is active outside the context
     assert (policy - ref)[batch.loss_mask].abs().max().item() > 1e-3
