@@ -14,6 +14,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
+from rollout_engine.lora import active_adapter, lora_layers
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TARGET_SHORTHANDS = {
     "all": PROJECTIONS,
@@ -78,14 +80,10 @@ def _lora_layers(peft_model: PeftModel) -> tuple[str, list[tuple[str, LoraLayer]
     """The active adapter and (HF module path, LoRA layer) for each adapted Linear of the base model."""
     if not isinstance(peft_model, PeftModel):
         raise TypeError(f"Expected a peft PeftModel (see rl.lora.add_lora), got {type(peft_model).__name__}.")
-    adapter = peft_model.active_adapter
-    if not isinstance(adapter, str):
-        raise ValueError(f"Export needs exactly one active LoRA adapter, found {adapter!r}.")
-    base = peft_model.get_base_model()
-    layers = [(name, module) for name, module in base.named_modules() if isinstance(module, LoraLayer)]
+    layers = lora_layers(peft_model)
     if not layers:
         raise ValueError("The peft model holds no LoRA layers: build it with rl.lora.add_lora.")
-    return adapter, layers
+    return active_adapter(peft_model), layers
 
 
 def lora_tensors(peft_model: PeftModel) -> dict[str, torch.Tensor]:

@@ -8,7 +8,6 @@ against the receiver's buffers before any byte is written, so a bad update leave
 from __future__ import annotations
 
 import importlib
-import math
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -20,12 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rollout_engine.lora import TensorSpec, check_update, copy_update, tensor_specs
+
 NamedTensors = Mapping[str, torch.Tensor]
-
-
-class TensorSpec(NamedTuple):
-    shape: tuple[int, ...]
-    dtype: torch.dtype
 
 
 @dataclass(slots=True)
@@ -51,46 +47,6 @@ class WorkerReceiver(LoraReceiver, Protocol):
     def handle(self, request: Any) -> Any: ...
 
 
-def tensor_specs(named: NamedTensors) -> dict[str, TensorSpec]:
-    """Shape and dtype of each named tensor, in order."""
-    return {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in named.items()}
-
-
-def check_update(named: NamedTensors, specs: Mapping[str, TensorSpec], version: int, last: int) -> None:
-    """Raise a ValueError naming the first problem if ``named`` cannot replace the buffers of ``specs``."""
-    if not isinstance(version, int) or version <= last:
-        raise ValueError(f"LoRA version {version!r} must be an int above the last pushed version {last}.")
-    unknown = [name for name in named if name not in specs]
-    if unknown:
-        raise ValueError(
-            f"LoRA update v{version} names {len(unknown)} tensor(s) the receiver does not hold, "
-            f"e.g. {unknown[0]!r}. Names are the base Linear's module path plus .lora_A/.lora_B "
-            "(rl.lora.lora_tensors); build the receiver with the same target_modules."
-        )
-    missing = [name for name in specs if name not in named]
-    if missing:
-        raise ValueError(
-            f"LoRA update v{version} lacks {len(missing)} tensor(s) the receiver holds, e.g. {missing[0]!r}: "
-            "push every tensor of rl.lora.lora_tensors(model)."
-        )
-    for name, spec in specs.items():
-        tensor = named[name]
-        if tuple(tensor.shape) != spec.shape:
-            raise ValueError(
-                f"LoRA tensor {name!r} has shape {tuple(tensor.shape)} but the receiver's buffer is "
-                f"{spec.shape}: the rank or model differs between trainer and receiver."
-            )
-        if tensor.dtype != spec.dtype:
-            raise ValueError(
-                f"LoRA tensor {name!r} is {tensor.dtype} but the receiver's buffer is {spec.dtype}: "
-                "cast the adapter or build the receiver in the same dtype."
-            )
-
-
-def _nbytes(spec: TensorSpec) -> int:
-    return math.prod(spec.shape) * spec.dtype.itemsize
-
-
 class InProcessSync:
     """Device-to-device copy from the trainer's tensors into a receiver in the same process."""
 
@@ -102,17 +58,11 @@ class InProcessSync:
         """Validate, then copy every tensor into the receiver's buffers and hand it the new version."""
         start = time.perf_counter()
         buffers = self._receiver.lora_buffers()
-        specs = tensor_specs(buffers)
-        check_update(named, specs, version, self._version)
-        names = list(buffers)
-        with torch.no_grad():
-            torch._foreach_copy_([buffers[n] for n in names], [named[n] for n in names])
-        for device in {t.device for t in buffers.values() if t.device.type == "cuda"}:
-            torch.cuda.synchronize(device)
+        nbytes = copy_update(buffers, named, version, self._version)
         self._receiver.set_lora_version(version)
         self._version = version
         ms = (time.perf_counter() - start) * 1e3
-        return SyncStats(version, ms, sum(map(_nbytes, specs.values())), len(names), 0)
+        return SyncStats(version, ms, nbytes, len(buffers), 0)
 
 
 class _Segment(NamedTuple):
@@ -128,7 +78,7 @@ def bucket_plan(specs: Mapping[str, TensorSpec], bucket_bytes: int) -> list[tupl
     segments: list[_Segment] = []
     fill = 0
     for name, spec in specs.items():
-        size, offset = _nbytes(spec), 0
+        size, offset = spec.nbytes, 0
         while offset < size:
             take = min(size - offset, bucket_bytes - fill)
             segments.append(_Segment(name, offset, fill, take))
@@ -321,7 +271,7 @@ class DistributedSync:
         self._await("ack", self._timeout_s)
         self._version = version
         ms = (time.perf_counter() - start) * 1e3
-        total = sum(map(_nbytes, self._specs.values()))
+        total = sum(spec.nbytes for spec in self._specs.values())
         return SyncStats(version, ms, total, len(self._specs), len(self._plan))
 
     def call(self, request: Any) -> Any:

@@ -52,12 +52,17 @@ class BlockManager:
     def _hash_block(self, prev_hash: int, tokens: list[int]) -> int:
         return hash((prev_hash, self.policy_version, tuple(tokens)))
 
+    @staticmethod
+    def _root_hash(seq: Sequence) -> int:
+        # KV differs with and without the LoRA adapter: the chain of a base-model request starts elsewhere.
+        return hash(("lora", seq.params.lora))
+
     def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached (block ids, hashes) of seq's leading full blocks; at least one token stays uncomputed."""
         bs = self.block_size
         block_ids: list[int] = []
         hashes: list[int] = []
-        prev = 0
+        prev = self._root_hash(seq)
         for start in range(0, seq.num_tokens - 1 - bs + 1, bs):
             prev = self._hash_block(prev, seq.token_ids[start : start + bs])
             block_id = self.cached_block_by_hash.get(prev)
@@ -71,7 +76,7 @@ class BlockManager:
         """Register seq's newly completed full blocks in the prefix cache."""
         bs = self.block_size
         for index in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            prev = seq.block_hashes[-1] if seq.block_hashes else 0
+            prev = seq.block_hashes[-1] if seq.block_hashes else self._root_hash(seq)
             block_hash = self._hash_block(prev, seq.token_ids[index * bs : (index + 1) * bs])
             seq.block_hashes.append(block_hash)
             if seq.kv_policy_version != self.policy_version or block_hash in self.cached_block_by_hash:

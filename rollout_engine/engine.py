@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from rollout_engine.block_manager import BlockManager
+from rollout_engine.lora import LoraAdapter, lora_layers
 from rollout_engine.memory import activation_bytes, kv_bytes_per_block, num_kv_blocks, total_memory_bytes
 from rollout_engine.model_runner import ModelRunner, order_for_step
 from rollout_engine.models import build_paged_model, unwrap_model
@@ -53,7 +55,8 @@ class LLMEngine:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
         config = unwrap_model(model).config
         self.max_model_len = max_model_len or config.max_position_embeddings
-        self.model = build_paged_model(model, self.max_model_len)
+        self.lora = LoraAdapter(model) if lora_layers(model) else None
+        self.model = build_paged_model(model, self.max_model_len, self.lora)
         weight = self.model.embed_tokens.weight
         self.vocab_size = weight.shape[0]
         budget = int(memory_fraction * total_memory_bytes(weight.device, memory_budget_bytes))
@@ -116,6 +119,10 @@ class LLMEngine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """Queue one prompt for params.n samples; returns its request id."""
         self._validate_request(prompt_token_ids, params)
+        if self.lora is None and params.lora is not None:
+            params = dataclasses.replace(
+                params, lora=None
+            )  # no adapter: every request samples the base model
         request_id = self._next_request_id
         self._next_request_id += 1
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
@@ -276,6 +283,26 @@ class LLMEngine:
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (call after each weight update)."""
         self.block_manager.reset_prefix_cache()
+
+    # LoRA hot sync
+
+    def lora_buffers(self) -> dict[str, torch.Tensor]:
+        """The engine-owned LoRA tensors by sync name (`<module path>.lora_A` / `.lora_B`), or {}."""
+        return self.lora.buffers() if self.lora is not None else {}
+
+    def set_lora_version(self, version: int) -> None:
+        """Adopt a version whose weights were written into `lora_buffers()`; its stale KV is dropped."""
+        if self.lora is None:
+            raise ValueError("this engine was built without a LoRA adapter; build it from a peft model")
+        self.lora.version = version
+        self.reset_prefix_cache()
+
+    def update_lora(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Copy new LoRA weights into the engine's buffers in place, all validated before any is written."""
+        if self.lora is None:
+            raise ValueError("this engine was built without a LoRA adapter; build it from a peft model")
+        self.lora.update(named_tensors, version)
+        self.reset_prefix_cache()
 
     def stats(self) -> dict[str, int]:
         """Block usage now and at peak, sharing and cache counters, and the KV pool's size in bytes."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from rollout_engine.block_manager import CopyPair
+from rollout_engine.lora import LoraTokens
 from rollout_engine.models import AttentionMetadata, PagedDecoder
 from rollout_engine.scheduler import ScheduledSeq
 
@@ -19,6 +20,7 @@ class StepInputs:
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_rows] int64
+    lora: LoraTokens
 
 
 def _block_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:
@@ -69,9 +71,11 @@ class ModelRunner:
         logits_indices: list[int] = []
         prefill_tables, cu_seqlens, prefill_lens, decode_tables, decode_lens = [], [0], [], [], []
         max_query_len = 0
+        lora_counts: list[tuple[bool, int]] = []
         for item, num_rows in zip(scheduled, rows_per_item, strict=True):
             seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             end = start + count
+            lora_counts.append((seq.params.lora is not None, count))
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             table = seq.block_table
@@ -102,7 +106,19 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.int64, device=device),
             meta=meta,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
+            lora=self._lora_tokens(lora_counts),
         )
+
+    def _lora_tokens(self, counts: list[tuple[bool, int]]) -> LoraTokens:
+        """(uses the adapter, number of tokens) per scheduled item -> the step's per-token adapter mask."""
+        users = sum(uses for uses, _ in counts)
+        if self.model.adapter is None or users == 0:
+            return LoraTokens(enabled=False, mask=None)
+        if users == len(counts):
+            return LoraTokens(enabled=True, mask=None)
+        flags = [float(uses) for uses, count in counts for _ in range(count)]
+        mask = torch.tensor(flags, dtype=self.kv_pool.dtype, device=self.device)[:, None]
+        return LoraTokens(enabled=True, mask=mask)
 
     def _decode_splits(self, num_decodes: int) -> list[int]:
         """On CPU, cut the length-sorted decodes into a few equal groups: the reference attention pads every
@@ -113,7 +129,12 @@ class ModelRunner:
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Logits [num_rows, vocab] (fp32)."""
         return self.model(
-            inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices
+            inputs.input_ids,
+            inputs.positions,
+            inputs.meta,
+            self.kv_caches,
+            inputs.logits_indices,
+            inputs.lora,
         )
 
 

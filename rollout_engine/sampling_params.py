@@ -12,6 +12,8 @@ class SamplingParams:
     temperature=0 means greedy. top_k=-1 and top_p=1.0 disable those filters. Sample i of a request
     with seed s draws from its own generator seeded with s + i, so results do not depend on batching.
     stop_token_ids=None stops at the tokenizer's EOS; stop holds strings that end a completion.
+    lora="policy" samples with the engine's LoRA adapter (ignored when it has none); None samples the base
+    model, e.g. for a reference or an evaluation of the untrained model.
     """
 
     n: int = 1
@@ -22,6 +24,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] | None = None
     stop: list[str] | None = None
+    lora: str | None = "policy"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -40,3 +43,7 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
         if isinstance(self.stop, str):
             raise ValueError("SamplingParams.stop must be a list of strings, e.g. stop=['</sql>']")
+        if self.lora not in ("policy", None):
+            raise ValueError(
+                f"SamplingParams.lora must be 'policy' or None (the base model), got {self.lora!r}"
+            )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from rollout_engine.lora import LoraAdapter
 from rollout_engine.models.attention import AttentionMetadata
 from rollout_engine.models.decoder import PagedDecoder
 
@@ -18,7 +19,9 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return get_base_model() if get_base_model is not None else model
 
 
-def build_paged_model(model: nn.Module, max_model_len: int) -> PagedDecoder:
+def build_paged_model(
+    model: nn.Module, max_model_len: int, adapter: LoraAdapter | None = None
+) -> PagedDecoder:
     """A paged forward over the HF model's own weights; ValueError for an unsupported architecture."""
     hf_model = unwrap_model(model)
     model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
@@ -31,4 +34,4 @@ def build_paged_model(model: nn.Module, max_model_len: int) -> PagedDecoder:
         raise ValueError(
             f"{model_type} with use_sliding_window=True is not supported: the paged attention is full-context"
         )
-    return PagedDecoder(hf_model, max_model_len)
+    return PagedDecoder(hf_model, max_model_len, adapter)

@@ -13,6 +13,7 @@ from torch import nn
 from kernels.activation import silu_and_mul
 from kernels.rms_norm import rms_norm
 from kernels.rotary_embedding import rotary_embedding
+from rollout_engine.lora import LoraAdapter, LoraTokens
 from rollout_engine.models.attention import AttentionMetadata, paged_attention
 from rollout_engine.models.linear import base_linear, linear
 
@@ -24,8 +25,19 @@ def _eps(norm: nn.Module) -> float:
 class PagedDecoderLayer:
     """One decoder layer: attention over the paged cache, then the gated MLP."""
 
-    def __init__(self, hf_layer: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        hf_layer: nn.Module,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        adapter: LoraAdapter | None,
+    ) -> None:
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        lora = adapter.for_module if adapter is not None else lambda module: None
+        self.q_lora, self.k_lora, self.v_lora = lora(attn.q_proj), lora(attn.k_proj), lora(attn.v_proj)
+        self.o_lora, self.gate_lora = lora(attn.o_proj), lora(mlp.gate_proj)
+        self.up_lora, self.down_lora = lora(mlp.up_proj), lora(mlp.down_proj)
         self.input_norm = hf_layer.input_layernorm
         self.post_attention_norm = hf_layer.post_attention_layernorm
         self.q_proj, self.k_proj = base_linear(attn.q_proj), base_linear(attn.k_proj)
@@ -51,6 +63,7 @@ class PagedDecoderLayer:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
+        lora: LoraTokens,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens = hidden.shape[0]
         if residual is None:
@@ -58,28 +71,32 @@ class PagedDecoderLayer:
         else:
             x, residual = rms_norm(hidden, self.input_norm.weight, _eps(self.input_norm), residual)
         q = self._head_norm(
-            linear(x, self.q_proj).view(num_tokens, self.num_heads, self.head_dim), self.q_norm
+            linear(x, self.q_proj, self.q_lora, lora).view(num_tokens, self.num_heads, self.head_dim),
+            self.q_norm,
         )
         k = self._head_norm(
-            linear(x, self.k_proj).view(num_tokens, self.num_kv_heads, self.head_dim), self.k_norm
+            linear(x, self.k_proj, self.k_lora, lora).view(num_tokens, self.num_kv_heads, self.head_dim),
+            self.k_norm,
         )
-        v = linear(x, self.v_proj).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = linear(x, self.v_proj, self.v_lora, lora).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = rotary_embedding(positions, q, k, cos_sin_cache)
         attn = paged_attention(
             q, k, v, k_cache, v_cache, meta, self.scale
         )  # [num_tokens, num_heads, head_dim]
-        hidden = linear(attn.reshape(num_tokens, -1), self.o_proj)
+        hidden = linear(attn.reshape(num_tokens, -1), self.o_proj, self.o_lora, lora)
         x, residual = rms_norm(
             hidden, self.post_attention_norm.weight, _eps(self.post_attention_norm), residual
         )
-        hidden = linear(silu_and_mul(linear(x, self.gate_proj), linear(x, self.up_proj)), self.down_proj)
+        gate = linear(x, self.gate_proj, self.gate_lora, lora)
+        up = linear(x, self.up_proj, self.up_lora, lora)
+        hidden = linear(silu_and_mul(gate, up), self.down_proj, self.down_lora, lora)
         return hidden, residual
 
 
 class PagedDecoder:
     """The whole causal LM: embeddings, decoder layers, final norm, and the LM head on selected rows."""
 
-    def __init__(self, hf_model: nn.Module, max_model_len: int) -> None:
+    def __init__(self, hf_model: nn.Module, max_model_len: int, adapter: LoraAdapter | None = None) -> None:
         config = hf_model.config
         body = hf_model.model
         self.num_heads = config.num_attention_heads
@@ -87,10 +104,11 @@ class PagedDecoder:
         self.head_dim = body.layers[0].self_attn.q_proj.weight.shape[0] // self.num_heads
         self.embed_tokens = body.embed_tokens
         self.layers = [
-            PagedDecoderLayer(layer, self.num_heads, self.num_kv_heads, self.head_dim)
+            PagedDecoderLayer(layer, self.num_heads, self.num_kv_heads, self.head_dim, adapter)
             for layer in body.layers
         ]
         self.norm = body.norm
+        self.adapter = adapter
         self.lm_head = base_linear(hf_model.get_output_embeddings())
         self.cos_sin_cache = _cos_sin_cache(body.rotary_emb, max_model_len, self.embed_tokens.weight.device)
 
@@ -106,12 +124,15 @@ class PagedDecoder:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_indices: torch.Tensor,  # [num_logits]
+        lora: LoraTokens,
     ) -> torch.Tensor:
         """Logits [num_logits, vocab] (fp32) of the hidden states at logits_indices."""
         hidden = torch.nn.functional.embedding(input_ids, self.embed_tokens.weight)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(hidden, residual, positions, self.cos_sin_cache, k_cache, v_cache, meta)
+            hidden, residual = layer(
+                hidden, residual, positions, self.cos_sin_cache, k_cache, v_cache, meta, lora
+            )
         hidden = hidden.index_select(0, logits_indices)
         residual = residual.index_select(0, logits_indices)
         hidden, _ = rms_norm(hidden, self.norm.weight, _eps(self.norm), residual)

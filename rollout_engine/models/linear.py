@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rollout_engine.lora import LoraTokens, LoraWeights, lora_delta
+
 
 def base_linear(module: nn.Module) -> nn.Linear:
     """The plain nn.Linear under a module, unwrapping a peft LoRA layer to its base layer."""
@@ -16,6 +18,12 @@ def base_linear(module: nn.Module) -> nn.Linear:
     return layer
 
 
-def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """y = x W^T + b with the HF layer's own parameter tensors (read at call time, never copied)."""
-    return F.linear(x, layer.weight, layer.bias)
+def linear(
+    x: torch.Tensor, layer: nn.Linear, lora: LoraWeights | None = None, tokens: LoraTokens | None = None
+) -> torch.Tensor:
+    """y = x W^T + b with the HF layer's own parameter tensors (read at call time, never copied), plus the
+    engine's LoRA delta on the tokens that use the adapter."""
+    y = F.linear(x, layer.weight, layer.bias)
+    if lora is not None and tokens is not None and tokens.enabled:
+        y = y + lora_delta(x, lora, tokens.mask)
+    return y

@@ -1,0 +1,156 @@
+"""LoRA in the engine: engine-owned A/B buffers for every adapted projection, updated in place.
+
+A projection's output is `x W^T + b + scale * (x A^T) B^T`, where W is the shared base weight and A [r, in],
+B [out, r] live in buffers the engine owns (copied from the peft model once, then overwritten by
+`update_lora`). Per request, the adapter is on ("policy") or off (None, the base model); one batch may mix
+both, through a per-token 0/1 mask.
+
+Names follow the weight-sync contract: the HF module path of the base Linear plus `.lora_A` / `.lora_B`, e.g.
+`model.layers.0.self_attn.q_proj.lora_A`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from peft.tuners.lora import LoraLayer
+from torch import nn
+
+POLICY = "policy"  # the name of the one adapter the engine serves
+
+
+class TensorSpec(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(slots=True)
+class LoraTokens:
+    """Which tokens of a step use the adapter: all of them (mask None), none (enabled False), or those whose
+    entry of mask [num_tokens, 1] is 1."""
+
+    enabled: bool
+    mask: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class LoraWeights:
+    """One adapted projection: buffers A [r, in], B [out, r] and the output scale."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: float
+
+
+def lora_layers(model: nn.Module) -> list[tuple[str, LoraLayer]]:
+    """(HF module path, peft LoRA layer) of every adapted Linear; empty for a model without an adapter."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return [(name, module) for name, module in base.named_modules() if isinstance(module, LoraLayer)]
+
+
+def active_adapter(model: nn.Module) -> str:
+    adapter = getattr(model, "active_adapter", None)
+    if not isinstance(adapter, str):
+        raise ValueError(f"the engine serves exactly one active LoRA adapter, found {adapter!r}")
+    return adapter
+
+
+def tensor_specs(named: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:
+    """Shape and dtype of each named tensor, in order."""
+    return {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in named.items()}
+
+
+def check_update(
+    named: Mapping[str, torch.Tensor], specs: Mapping[str, TensorSpec], version: int, last: int
+) -> None:
+    """Raise a ValueError naming the first problem if `named` cannot replace the buffers of `specs`."""
+    if not isinstance(version, int) or version <= last:
+        raise ValueError(f"LoRA version {version!r} must be an int above the last pushed version {last}.")
+    unknown = [name for name in named if name not in specs]
+    if unknown:
+        raise ValueError(
+            f"LoRA update v{version} names {len(unknown)} tensor(s) the receiver does not hold, "
+            f"e.g. {unknown[0]!r}. Names are the base Linear's module path plus .lora_A/.lora_B "
+            "(rl.lora.lora_tensors); build the receiver with the same target_modules."
+        )
+    missing = [name for name in specs if name not in named]
+    if missing:
+        raise ValueError(
+            f"LoRA update v{version} lacks {len(missing)} tensor(s) the receiver holds, e.g. {missing[0]!r}: "
+            "push every tensor of rl.lora.lora_tensors(model)."
+        )
+    for name, spec in specs.items():
+        tensor = named[name]
+        if tuple(tensor.shape) != spec.shape:
+            raise ValueError(
+                f"LoRA tensor {name!r} has shape {tuple(tensor.shape)} but the receiver's buffer is "
+                f"{spec.shape}: the rank or model differs between trainer and receiver."
+            )
+        if tensor.dtype != spec.dtype:
+            raise ValueError(
+                f"LoRA tensor {name!r} is {tensor.dtype} but the receiver's buffer is {spec.dtype}: "
+                "cast the adapter or build the receiver in the same dtype."
+            )
+
+
+def copy_update(
+    buffers: Mapping[str, torch.Tensor], named: Mapping[str, torch.Tensor], version: int, last: int
+) -> int:
+    """Validate everything, then copy `named` into `buffers` in place; returns the bytes copied."""
+    check_update(named, tensor_specs(buffers), version, last)
+    names = list(buffers)
+    with torch.no_grad():
+        torch._foreach_copy_([buffers[n] for n in names], [named[n] for n in names])
+    for device in {t.device for t in buffers.values() if t.device.type == "cuda"}:
+        torch.cuda.synchronize(device)
+    return sum(spec.nbytes for spec in tensor_specs(buffers).values())
+
+
+class LoraAdapter:
+    """The engine's copy of the policy adapter: one LoraWeights per adapted projection path."""
+
+    def __init__(self, model: nn.Module) -> None:
+        adapter = active_adapter(model)
+        self.weights: dict[str, LoraWeights] = {}
+        self._by_module: dict[int, LoraWeights] = {}
+        for path, layer in lora_layers(model):
+            if adapter not in layer.lora_A:
+                continue
+            self.weights[path] = self._by_module[id(layer)] = LoraWeights(
+                a=layer.lora_A[adapter].weight.detach().clone().contiguous(),
+                b=layer.lora_B[adapter].weight.detach().clone().contiguous(),
+                scale=float(layer.scaling[adapter]),
+            )
+        self.version = 0
+
+    def for_module(self, module: nn.Module) -> LoraWeights | None:
+        """The weights serving a projection module of the HF model (a peft LoRA layer), or None."""
+        return self._by_module.get(id(module))
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The engine-owned tensors by sync name (views, not copies)."""
+        named: dict[str, torch.Tensor] = {}
+        for path, w in self.weights.items():
+            named[f"{path}.lora_A"], named[f"{path}.lora_B"] = w.a, w.b
+        return named
+
+    def update(self, named: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy new weights in place after validating all of them; the old weights serve on any error."""
+        copy_update(self.buffers(), named, version, self.version)
+        self.version = version
+
+
+def lora_delta(x: torch.Tensor, weights: LoraWeights, token_mask: torch.Tensor | None) -> torch.Tensor:
+    """scale * (x A^T) B^T on the tokens whose request uses the adapter; token_mask [num_tokens, 1] | None."""
+    delta = torch.nn.functional.linear(torch.nn.functional.linear(x, weights.a), weights.b)
+    if token_mask is not None:
+        delta = delta * token_mask
+    return delta * weights.scale

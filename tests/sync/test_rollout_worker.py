@@ -1,0 +1,44 @@
+"""placement=process: an engine in a rollout-worker process follows the trainer's LoRA pushes over gloo."""
+
+import torch
+
+from rl.lora import add_lora, lora_tensors
+from rl.models import load_model, smollm2_checkpoint_dir
+from rl.rollout_worker import RemoteEngine, build_worker
+from rl.weight_sync import DistributedSync
+from rollout_engine import SamplingParams
+
+MODEL = dict(name="tiny_llama", seed=3)
+LORA = dict(rank=4, alpha=8.0, target_modules="all")
+ENGINE = dict(
+    block_size=4, memory_budget_bytes=2**26, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=128
+)
+
+
+def trainer_logprobs(model, prompt, completion):
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+def test_worker_engine_gives_the_trainers_logprobs_after_each_push():
+    smollm2_checkpoint_dir()  # the tokenizer the worker loads is converted once, here, not in the worker
+    model, _ = load_model(**MODEL)
+    model = add_lora(model, **LORA).eval()
+    prompt = [1, 17, 300, 4000, 25, 9]
+    greedy = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=[])
+    # 4 KiB buckets: the larger LoRA tensors span several buckets
+    with DistributedSync(build_worker, (MODEL, LORA, ENGINE), bucket_bytes=4096, timeout_s=60) as sync:
+        remote = RemoteEngine(sync)
+        for version in (1, 2, 3):
+            gen = torch.Generator().manual_seed(version)
+            with torch.no_grad():
+                for tensor in lora_tensors(model).values():
+                    tensor.copy_(torch.randn(tensor.shape, generator=gen) * 0.3)
+            sync.push(lora_tensors(model), version)
+            (group,) = remote.generate([prompt], greedy)
+            sample = group.samples[0]
+            expected = trainer_logprobs(model, prompt, sample.token_ids)
+            assert torch.allclose(torch.tensor(sample.logprobs), expected, atol=1e-4)
+            assert len(sample.token_ids) == 6
