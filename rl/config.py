@@ -1,14 +1,15 @@
 """Typed schemas for the Hydra config tree in `conf/`.
 
-Every group's YAML is merged into these dataclasses, so an unknown key or a value of the wrong type is rejected
-at composition with a message that names the key. Only `train.py` reads the config tree; components take flat
-arguments.
+Every group's YAML is merged into these dataclasses, so an unknown key or a value of the wrong type is
+rejected at composition with a message that names the key. Only `train.py` reads the config tree; components
+take flat arguments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -17,6 +18,19 @@ from rl.models import DTYPES, MODEL_NAMES
 
 ModelName = Enum("ModelName", [(name, name) for name in MODEL_NAMES], type=str)
 DType = Enum("DType", [(name, name) for name in ("auto", *DTYPES)], type=str)
+Mode = Enum("Mode", [(name, name) for name in ("train", "eval")], type=str)
+Placement = Enum("Placement", [(name, name) for name in ("inprocess", "process")], type=str)
+LossType = Enum("LossType", [(name, name) for name in ("grpo", "bnpo", "dapo", "dr_grpo")], type=str)
+Estimator = Enum("Estimator", [(name, name) for name in ("grpo", "rloo")], type=str)
+AdvantageScale = Enum("AdvantageScale", [(name, name) for name in ("group", "batch", "none")], type=str)
+KLEstimator = Enum("KLEstimator", [(name, name) for name in ("k1", "k2", "k3")], type=str)
+ISMode = Enum(
+    "ISMode",
+    [(name, name) for name in ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")],
+    type=str,
+)
+Schedule = Enum("Schedule", [(name, name) for name in ("constant", "cosine")], type=str)
+WandbMode = Enum("WandbMode", [(name, name) for name in ("offline", "online", "disabled")], type=str)
 
 
 @dataclass
@@ -29,13 +43,112 @@ class ModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: str = "all"  # all | attention | mlp | comma-separated projection names
+    use_rslora: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    placement: Placement = Placement.inprocess  # process: the engine runs in a rollout-worker process
+    memory_fraction: float = 0.35
+    memory_budget_bytes: int | None = None  # CPU: the budget the fraction applies to (None: system RAM)
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 128  # per turn
+    max_completion_tokens: int = 256  # per episode, observations included
+    sync_bucket_mb: int = 64
+
+
+@dataclass
+class AlgoConfig:
+    group_size: int = 8
+    estimator: Estimator = Estimator.grpo
+    scale: AdvantageScale = AdvantageScale.group
+    loss_type: LossType = LossType.grpo
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip_c: float | None = None
+    gspo: bool = False
+    beta: float = 0.0
+    kl_estimator: KLEstimator = KLEstimator.k3
+    num_iterations: int = 1
+    is_mode: ISMode = ISMode.none
+    is_cap: float = 3.0
+    mask_truncated_completions: bool = False
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
+
+
+@dataclass
+class EnvConfig:
+    name: str = MISSING  # built-in name, `pagedrl.envs` entry point, or dotted path
+    args: dict[str, Any] = field(default_factory=dict)  # the env's flat constructor arguments
+    tasks: dict[str, Any] = field(default_factory=dict)  # `_target_` returning a DatasetDict(train, test)
+    eval_tasks: int = 64  # held-out tasks scored greedily
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.offline  # offline needs no account or network; `wandb sync` uploads later
+    project: str = "pagedrl"
+    run_name: str | None = None
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    samples_every: int = 5  # a table of prompts, completions and rewards every N steps
+    progress: bool = True
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 2e-5
+    weight_decay: float = 0.0
+    lr_schedule: Schedule = Schedule.constant
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 8
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    mode: Mode = Mode.train
     seed: int = 0
+    num_steps: int = 20
+    prompts_per_step: int = 4
+    eval_every: int = 10  # 0: evaluate only before and after training
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    resume: bool = False
+    checkpoint: str | None = None  # mode=eval: the checkpoint to score (None: the base model)
+    run_dir: str = MISSING
 
 
 def register_configs() -> None:
     """Register the schemas that conf/*.yaml extend through their defaults lists."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
+    for group, node in [
+        ("model", ModelConfig),
+        ("rollout", RolloutConfig),
+        ("algo", AlgoConfig),
+        ("env", EnvConfig),
+        ("logger", LoggerConfig),
+    ]:
+        cs.store(group=group, name=f"{group}_schema", node=node)

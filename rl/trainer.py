@@ -99,8 +99,11 @@ def accumulate_gradients(
     ref_logprobs: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
     temperature: float = 1.0,
+    record_logprobs: torch.Tensor | None = None,
 ) -> LossStats:
     """Backward the whole-batch loss in micro-batches; returns its stats. Does not step or zero grads.
+
+    record_logprobs [B, T], when given, receives the current logprobs (detached).
 
     loss_fn is compute_policy_loss with the hyper-parameters bound; loss_type picks the micro-batch weights.
     Without old_logprobs the ratio is 1 (the current logprobs, detached). [B, T] inputs follow `rl.batch`.
@@ -126,6 +129,8 @@ def accumulate_gradients(
                 first_target=first_loss_position(mb),
             )
             old = out.logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
+            if record_logprobs is not None:
+                record_logprobs[rows, :width] = out.logprobs.detach()
             loss, stats = loss_fn(
                 out.logprobs,
                 old,
@@ -165,6 +170,14 @@ def _optimizer_step(optimizer, scheduler, params, max_grad_norm: float | None, l
             scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return stepped, grad_norm.item(), lr
+
+
+def _mismatch(batch: RolloutBatch, logprobs: torch.Tensor, cap: float) -> ISCorrection:
+    """Sampler/trainer logprob mismatch statistics (the weights are not applied)."""
+    device = logprobs.device
+    return importance_weights(
+        logprobs, batch.sampling_logprobs.to(device), batch.loss_mask.to(device), cap=cap
+    )
 
 
 def _is_correction(
@@ -222,10 +235,13 @@ def train_step(
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
     losses, grad_norms, skipped, lr = [], [], 0, 0.0
-    for _ in range(num_iterations):
+    # Without a correction the sampler/trainer mismatch is still reported, from the first pass's logprobs.
+    seen = torch.zeros(batch.input_ids.shape, device=_device(model)) if correction is None else None
+    for iteration in range(num_iterations):
         stats = accumulate_gradients(
             model, batch, loss_fn, loss_type=loss_type, micro_batch_size=micro_batch_size, old_logprobs=old,
             ref_logprobs=ref, is_weights=is_weights, temperature=temperature,
+            record_logprobs=seen if iteration == 0 else None,
         )  # fmt: skip
         stepped, grad_norm, lr = _optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
         skipped += not stepped
@@ -239,5 +255,5 @@ def train_step(
         num_optimizer_steps=num_iterations - skipped,
         num_skipped_steps=skipped,
         completions=CompletionStats.from_lengths(batch.completion_lengths, batch.truncated),
-        sampling=None if correction is None else correction.as_dict(),
+        sampling=(correction or _mismatch(batch, seen, is_cap)).as_dict(),
     )

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
-    # Triton kernels decide at decoration time whether to interpret; set it before any kernel module is imported.
+    # Triton decides at decoration time whether to interpret: set it before any kernel module is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 

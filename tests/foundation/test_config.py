@@ -23,12 +23,13 @@ def compose_train():
 
 def test_every_group_has_options():
     groups = {group for group, _ in GROUP_OPTIONS}
-    assert "model" in groups
+    assert groups == {"model", "rollout", "algo", "env", "logger"}
 
 
 @pytest.mark.parametrize("group, option", GROUP_OPTIONS)
 def test_every_yaml_composes(compose_train, group, option):
-    cfg = compose_train([f"{group}={option}"])
+    # run_dir defaults to Hydra's per-run output directory, which only exists inside a real run
+    cfg = compose_train([f"{group}={option}", "run_dir=/tmp/run"])
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert group in resolved
 
@@ -45,6 +46,9 @@ def test_yaml_headers_show_their_command():
         ("model.foo=1", "Could not override 'model.foo'"),
         ("model.seed=abc", "Error merging override model.seed=abc"),
         ("model.dtype=int8", "Error merging override model.dtype=int8"),
+        ("algo.loss_type=ppo", "Error merging override algo.loss_type=ppo"),
+        ("rollout.memory_fraction=lots", "Error merging override rollout.memory_fraction=lots"),
+        ("trainer.lrr=1e-5", "Could not override 'trainer.lrr'"),
     ],
 )
 def test_bad_overrides_are_rejected_at_composition(compose_train, override, message):

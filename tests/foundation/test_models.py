@@ -28,7 +28,9 @@ def test_default_chat_template_renders_system_and_user(smollm2):
 def test_default_model_writes_sql_greedily(smollm2):
     model, tok = smollm2
     messages = [{"role": "user", "content": "Write a SQL query that lists all rows of the table users."}]
-    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tok.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.inference_mode():
         out = model.generate(**prompt, max_new_tokens=24, do_sample=False)
     completion = tok.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -45,7 +47,9 @@ def test_tiny_models_are_seeded_and_deterministic(name, model_type):
     assert a.config.model_type == model_type
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert not torch.equal(sa["model.layers.0.self_attn.q_proj.weight"], sc["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        sa["model.layers.0.self_attn.q_proj.weight"], sc["model.layers.0.self_attn.q_proj.weight"]
+    )
     ids = torch.tensor([[1, 5, 9, 2]])
     with torch.inference_mode():
         assert torch.equal(a(ids).logits, b(ids).logits)
@@ -97,7 +101,10 @@ def test_hf_loader_reads_a_local_checkpoint(tmp_path, smollm2):
         (dict(name="gpt5"), "unknown model 'gpt5'; choose model= one of"),
         (dict(name="hf"), "model=hf needs model.path="),
         (dict(name="hf", path="/no/such/dir"), "model.path=/no/such/dir: no config.json there"),
-        (dict(name="hf", path="nobody/unreachable-model"), "not a local checkpoint and the Hub did not serve it"),
+        (
+            dict(name="hf", path="nobody/unreachable-model"),
+            "not a local checkpoint and the Hub did not serve it",
+        ),
     ],
 )
 def test_bad_model_configs_get_one_clear_error(kwargs, message):

@@ -24,6 +24,9 @@ def test_no_other_installed_distribution_claims_the_name(name):
 
 
 def test_packages_resolve_to_the_repo_from_any_directory(tmp_path):
-    code = "import rl, rollout_engine, kernels, envs; print('\\n'.join(m.__file__ for m in (rl, rollout_engine, kernels, envs)))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    modules = ", ".join(PACKAGES)
+    code = f"import {modules}; print('\\n'.join(m.__file__ for m in ({modules})))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
     assert all(Path(line).is_relative_to(REPO) for line in out.stdout.split())

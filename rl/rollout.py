@@ -1,0 +1,136 @@
+"""Playing GRPO groups out: the engine samples, the environment answers, turn by turn.
+
+Each prompt's G episodes are sampled as one engine request with n=G, so they share the prompt's KV blocks.
+In multi-turn episodes the environment's observation tokens are appended to the sample (loss mask 0) and all
+unfinished episodes are continued together in one batched call; their earlier turns come from the prefix
+cache.
+This module is duck-typed against the engine (`generate`) and the episodes (`messages`, `step`), so it imports
+neither the engine nor the environments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from rl.advantages import compute_advantages
+from rl.batch import RolloutBatch, collate_rollouts
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One episode: the prompt, then policy tokens interleaved with observation tokens."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    completion_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy, 0 = observation
+    logprobs: list[float] = field(default_factory=list)  # the engine's logprob per completion token, 0 on obs
+    reward: float = 0.0
+    rewards: dict[str, float] = field(default_factory=dict)
+    truncated: bool = False
+    num_turns: int = 0
+    done: bool = False
+    error: str | None = None
+    text: str = ""
+
+    def append(self, token_ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        self.completion_ids.extend(token_ids)
+        self.completion_mask.extend([int(logprobs is not None)] * len(token_ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(token_ids))
+
+
+def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The chat-templated prompt, ending with the assistant's generation prompt."""
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return list(ids)
+
+
+def play_groups(
+    engine: Any,
+    tokenizer: Any,
+    groups: Sequence[Sequence[Any]],
+    params: Any,
+    step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
+    max_completion_tokens: int,
+) -> list[list[Trajectory]]:
+    """Play every group's episodes to the end; `groups[i]` holds the G episodes of prompt i.
+
+    `params` is the engine's SamplingParams with n=G; continuations reuse it with n=1 and a derived seed.
+    `step_fn(episodes, actions)` steps many episodes at once (envs.step_episodes). An episode ends when the
+    environment says done, at its max_turns, or when its completion reaches `max_completion_tokens`
+    (truncated).
+    """
+    prompts = [prompt_token_ids(tokenizer, group[0].messages) for group in groups]
+    trajectories = [[Trajectory(prompt_ids=list(p)) for _ in g] for p, g in zip(prompts, groups, strict=True)]
+    results = engine.generate(prompts, params)
+    samples = [sample for result in results for sample in result.samples]
+    active = [(i, g) for i, group in enumerate(groups) for g in range(len(group))]
+    turn = 0
+    while active:
+        turn += 1
+        episodes = [groups[i][g] for i, g in active]
+        trajs = [trajectories[i][g] for i, g in active]
+        for traj, sample in zip(trajs, samples, strict=True):
+            traj.append(sample.token_ids, sample.logprobs)
+            traj.num_turns = turn
+            traj.truncated = sample.finish_reason == "length"
+        actions = [tokenizer.decode(sample.token_ids, skip_special_tokens=True) for sample in samples]
+        for traj, step in zip(trajs, step_fn(episodes, actions), strict=True):
+            _record_step(traj, step, tokenizer, max_completion_tokens)
+        still = [(key, t) for key, t, e in zip(active, trajs, episodes, strict=True) if _continues(t, e)]
+        active = [key for key, _ in still]
+        if not active:
+            break
+        continuations = [t.prompt_ids + t.completion_ids for _, t in still]
+        room = min(params.max_tokens, max_completion_tokens - max(len(t.completion_ids) for _, t in still))
+        next_params = replace(params, n=1, max_tokens=max(room, 1), seed=_turn_seed(params.seed, turn))
+        samples = [r.samples[0] for r in engine.generate(continuations, next_params)]
+    for group in trajectories:
+        for traj in group:
+            traj.text = tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
+    return trajectories
+
+
+def _record_step(traj: Trajectory, step: Any, tokenizer: Any, max_completion_tokens: int) -> None:
+    traj.reward += step.reward
+    for name, value in step.rewards.items():
+        traj.rewards[name] = traj.rewards.get(name, 0.0) + value
+    if "error" in step.info and step.info.get("plugin"):
+        traj.error = str(step.info["error"])
+    traj.done = step.done
+    if not step.done and step.observation:
+        traj.append(tokenizer.encode(step.observation, add_special_tokens=False), None)
+    if len(traj.completion_ids) >= max_completion_tokens and not traj.done:
+        traj.truncated, traj.done = True, True
+
+
+def _continues(traj: Trajectory, episode: Any) -> bool:
+    return not traj.done and traj.num_turns < episode.max_turns
+
+
+def _turn_seed(seed: int | None, turn: int) -> int | None:
+    return None if seed is None else seed + 1_000_003 * turn
+
+
+def to_rollout_batch(
+    trajectories: Sequence[Sequence[Trajectory]], pad_token_id: int, estimator: str, scale: str
+) -> tuple[RolloutBatch, torch.Tensor]:
+    """Group-relative advantages and the padded training batch; also returns rewards [num_prompts, G]."""
+    rewards = torch.tensor([[t.reward for t in group] for group in trajectories], dtype=torch.float32)
+    advantages = compute_advantages(rewards, estimator=estimator, scale=scale)
+    flat = [t for group in trajectories for t in group]
+    batch = collate_rollouts(
+        prompt_ids=[t.prompt_ids for t in flat],
+        completion_ids=[t.completion_ids for t in flat],
+        completion_logprobs=[t.logprobs for t in flat],
+        advantages=advantages,
+        truncated=[t.truncated for t in flat],
+        pad_token_id=pad_token_id,
+        completion_masks=[t.completion_mask for t in flat],
+    )
+    return batch, rewards

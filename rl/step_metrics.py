@@ -1,0 +1,122 @@
+"""Per-step metrics the loop logs besides the optimisation step's own, and the end-of-run summary."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from rl.advantages import reward_stats
+from rl.rollout import Trajectory
+
+PHASES = ("generate", "env", "train", "sync", "eval")
+
+
+class StepTimer:
+    """Wall time per phase: the current step's (summed over its calls) and the run's totals."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self._last: dict[str, float] = {}
+
+    def begin_step(self) -> None:
+        self._last = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(phase, time.perf_counter() - start)
+
+    def last(self, phase: str) -> float:
+        return self._last.get(phase, 0.0)
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Account `seconds` to `phase` (negative to move time measured inside another phase out of it)."""
+        self._last[phase] = self._last.get(phase, 0.0) + seconds
+        self.totals[phase] += seconds
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{phase}": seconds for phase, seconds in self._last.items()}
+
+
+def reward_metrics(trajectories: Sequence[Sequence[Trajectory]], rewards: torch.Tensor) -> dict[str, float]:
+    """reward, rewards/<component>, reward_std, frac_reward_zero_std and env error counts."""
+    stats = reward_stats(rewards)
+    flat = [t for group in trajectories for t in group]
+    out = {
+        "reward": stats.reward_mean,
+        "reward_std": stats.reward_std,
+        "frac_reward_zero_std": stats.frac_reward_zero_std,
+        "env/errors": float(sum(t.error is not None for t in flat)),
+        "env/mean_turns": sum(t.num_turns for t in flat) / len(flat),
+    }
+    for name in sorted({name for t in flat for name in t.rewards}):
+        out[f"rewards/{name}"] = sum(t.rewards.get(name, 0.0) for t in flat) / len(flat)
+    return out
+
+
+def engine_metrics(engine: Any, before: dict[str, int], generate_s: float) -> dict[str, float]:
+    """Rollout throughput and KV-cache figures over one generation phase."""
+    now = engine.stats()
+    generated = now["num_generated_tokens"] - before["num_generated_tokens"]
+    return {
+        "rollout/tokens_per_s": generated / max(generate_s, 1e-9),
+        "rollout/kv_utilization": now["num_blocks_peak"] / now["num_blocks_total"],
+        "rollout/blocks_shared": float(
+            now["num_blocks_saved_by_sharing"] - before["num_blocks_saved_by_sharing"]
+        ),
+        "rollout/preemptions": float(now["num_preemptions"] - before["num_preemptions"]),
+        "rollout/prefix_cache_hits": float(now["prefix_cache_hits"] - before["prefix_cache_hits"]),
+    }
+
+
+def memory_metrics(engine: Any) -> dict[str, float]:
+    """Peak trainer memory (CUDA allocator, or the process's peak RSS on CPU) and the engine's KV pool."""
+    if torch.cuda.is_available():
+        trainer_peak = torch.cuda.max_memory_allocated()
+    else:
+        scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+        trainer_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    engine_bytes = engine.stats()["kv_bytes_total"]
+    return {"memory/trainer_peak_gb": trainer_peak / 2**30, "memory/engine_gb": engine_bytes / 2**30}
+
+
+def summary_text(before: Any, after: Any, history: Sequence[dict[str, float]], timer: StepTimer) -> str:
+    """The end-of-run report: held-out accuracy before/after, the reward curve, time split, peak memory."""
+    lines = ["", "=== pagedrl run summary ==="]
+    if before is not None:
+        lines.append(
+            f"held-out greedy accuracy: {before.accuracy:.3f} before -> {after.accuracy:.3f} after "
+            f"({after.num_tasks} test tasks on unseen schemas)"
+        )
+    else:
+        lines.append(f"held-out greedy accuracy after training: {after.accuracy:.3f}")
+    rewards = [m["reward"] for m in history]
+    if rewards:
+        width = max(1, len(rewards) // 10)
+        chunks = [rewards[i : i + width] for i in range(0, len(rewards), width)]
+        curve = " ".join(f"{sum(c) / len(c):.2f}" for c in chunks)
+        lines.append(f"train reward (mean per {width} step(s)): {curve}")
+    total = sum(timer.totals.values()) or 1.0
+    split = ", ".join(
+        f"{p} {timer.totals[p]:.0f}s ({100 * timer.totals[p] / total:.0f}%)"
+        for p in PHASES
+        if p in timer.totals
+    )
+    lines.append(f"time: {split}")
+    if history:
+        last = history[-1]
+        lines.append(
+            f"peak memory: trainer {last['memory/trainer_peak_gb']:.2f} GB, "
+            f"engine KV pool {last['memory/engine_gb']:.2f} GB"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""play_groups drives the engine and the episodes turn by turn, checked with a scripted engine and env."""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from envs import StepResult, step_episodes
+from rl.data import TaskStream
+from rl.models import smollm2_checkpoint_dir
+from rl.rollout import play_groups, prompt_token_ids, to_rollout_batch
+from rollout_engine import SamplingParams
+from rollout_engine.outputs import Completion, GroupResult
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(str(smollm2_checkpoint_dir()))
+
+
+class ScriptedEngine:
+    """Answers each generate call with the next scripted texts, one per sample, and records its inputs."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script, self.calls = tokenizer, list(script), []
+
+    def generate(self, prompts, params):
+        self.calls.append(([list(p) for p in prompts], params))
+        texts = self.script.pop(0)
+        results, k = [], 0
+        for i, prompt in enumerate(prompts):
+            samples = []
+            for s in range(params.n):
+                ids = self.tokenizer.encode(texts[k], add_special_tokens=False)
+                samples.append(Completion(list(prompt), ids, [-0.5] * len(ids), "stop", s))
+                k += 1
+            results.append(GroupResult(i, list(prompt), samples))
+        return results
+
+
+class ExploreThenAnswer:
+    """Turn 1 must explore with <sql>, turn 2 answers; reward 1 for an answer containing 'ok'."""
+
+    max_turns = 3
+
+    def __init__(self):
+        self.messages = [{"role": "user", "content": "Count the rows."}]
+
+    def step(self, action):
+        if "<answer>" in action:
+            reward = 1.0 if "ok" in action else 0.0
+            return StepResult(None, reward, True, rewards={"execution": reward})
+        return StepResult("\n<observation>\n3\n</observation>\n", 0.0, False)
+
+
+def test_multi_turn_masks_observations_and_continues_from_the_whole_conversation(tokenizer):
+    script = [["<sql>SELECT 1</sql>", "<answer>ok</answer>"], ["<answer>ok</answer>"]]
+    engine = ScriptedEngine(tokenizer, script)
+    episodes = [[ExploreThenAnswer(), ExploreThenAnswer()]]
+    params = SamplingParams(n=2, max_tokens=32, seed=5)
+    (group,) = play_groups(engine, tokenizer, episodes, params, step_episodes, max_completion_tokens=100)
+
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    explore, answer, obs = (
+        encode("<sql>SELECT 1</sql>"),
+        encode("<answer>ok</answer>"),
+        encode("\n<observation>\n3\n</observation>\n"),
+    )
+    prompt = prompt_token_ids(tokenizer, episodes[0][0].messages)
+    first, second = group
+    assert first.completion_ids == explore + obs + answer
+    assert first.completion_mask == [1] * len(explore) + [0] * len(obs) + [1] * len(answer)
+    assert first.logprobs == [-0.5] * len(explore) + [0.0] * len(obs) + [-0.5] * len(answer)
+    assert (first.reward, first.num_turns, first.rewards) == (1.0, 2, {"execution": 1.0})
+    assert second.completion_ids == answer and second.num_turns == 1
+    # the continuation re-sends the whole conversation once, with n=1 and a fresh seed
+    ((cont_prompts, cont_params),) = engine.calls[1:]
+    assert cont_prompts == [prompt + explore + obs]
+    assert (cont_params.n, cont_params.max_tokens) == (1, 32) and cont_params.seed != params.seed
+
+
+def test_episode_is_truncated_at_the_completion_budget(tokenizer):
+    engine = ScriptedEngine(tokenizer, [["<sql>SELECT 1</sql>"]])
+    episodes = [[ExploreThenAnswer()]]
+    (group,) = play_groups(engine, tokenizer, episodes, SamplingParams(n=1), step_episodes, 5)
+    assert group[0].truncated and group[0].done and len(engine.calls) == 1
+
+
+def test_rollout_batch_masks_prompt_and_observations_and_scales_advantages(tokenizer):
+    script = [["<sql>SELECT 1</sql>", "<answer>no</answer>"], ["<answer>ok</answer>"]]
+    engine = ScriptedEngine(tokenizer, script)
+    episodes = [[ExploreThenAnswer(), ExploreThenAnswer()]]
+    groups = play_groups(engine, tokenizer, episodes, SamplingParams(n=2), step_episodes, 100)
+    batch, rewards = to_rollout_batch(groups, tokenizer.pad_token_id or 0, "grpo", "group")
+    assert rewards.tolist() == [[1.0, 0.0]]
+    # mean 0.5, Bessel std sqrt(0.5); advantages +-0.5 / (sqrt(0.5) + 1e-4)
+    expected = 0.5 / (0.5**0.5 + 1e-4)
+    assert torch.allclose(batch.advantages, torch.tensor([expected, -expected]))
+    first = groups[0][0]
+    start = len(first.prompt_ids)
+    row_mask = batch.loss_mask[0, start : start + len(first.completion_ids)].int().tolist()
+    assert row_mask == first.completion_mask
+    assert not batch.loss_mask[0, :start].any()
+    assert batch.loss_mask[0].sum().item() == sum(first.completion_mask)
+
+
+def test_task_stream_resumes_exactly():
+    tasks = list(range(7))
+    a = TaskStream(tasks, seed=3)
+    a.next_batch(5)
+    position = a.position()
+    expected = a.next_batch(6)  # crosses into the second epoch
+    b = TaskStream(tasks, seed=3)
+    b.restore(position)
+    assert b.next_batch(6) == expected
+    assert sorted(TaskStream(tasks, seed=3).next_batch(7)) == tasks
+    with pytest.raises(ValueError, match="resume with seed=3"):
+        TaskStream(tasks, seed=4).restore(position)
+
+
+def test_params_are_not_mutated_between_turns(tokenizer):
+    params = SamplingParams(n=1, max_tokens=8, seed=1)
+    before = dataclasses.asdict(params)
+    engine = ScriptedEngine(tokenizer, [["<sql>x</sql>"], ["<answer>ok</answer>"]])
+    play_groups(engine, tokenizer, [[ExploreThenAnswer()]], params, step_episodes, 100)
+    assert dataclasses.asdict(params) == before
