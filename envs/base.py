@@ -47,7 +47,11 @@ class Episode(Protocol):
 
 @runtime_checkable
 class Env(Protocol):
-    """Built once from flat keyword arguments; ``start`` turns a task row into an episode."""
+    """Built once from flat keyword arguments; ``start`` turns a task row into an episode.
+
+    An env may also declare ``stop``: strings that end a turn's generation (e.g. a closing tag), so the
+    environment answers as soon as an action is complete.
+    """
 
     max_turns: int
 

@@ -76,6 +76,8 @@ class SqlMultiTurnEpisode:
 class SqlMultiTurnEnv:
     """Multi-turn text-to-SQL in the style of SkyRL-SQL."""
 
+    stop = ("</sql>", "</answer>")  # a turn ends where the env takes over
+
     def __init__(
         self,
         max_turns: int = 5,

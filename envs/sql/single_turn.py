@@ -44,6 +44,7 @@ class SqlEnv:
     """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``)."""
 
     max_turns = 1
+    stop = ("\n```\n",)  # the closing fence of the ```sql block: nothing after it is graded
 
     def __init__(
         self,
