@@ -1,6 +1,8 @@
 """Attention over the paged KV cache: decode (one query token per sequence) and prefill/extend (a chunk of
 queries per sequence attending to its cached prefix and causally within the chunk)."""
 
+from itertools import accumulate
+
 import torch
 import torch.nn.functional as F
 
@@ -18,13 +20,42 @@ __all__ = [
 ]
 
 
-def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """The first `num_tokens` cached positions of each table row:
-    [rows, num_tokens, num_kv_heads, head_dim]."""
+def _slots(
+    cache: torch.Tensor, block_tables: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """Flat cache slot of each (table row, position) pair, broadcast together."""
     block_size = cache.shape[1]
-    num_blocks = -(-num_tokens // block_size)
-    blocks = cache[block_tables[:, :num_blocks].long()]  # [rows, num_blocks, block_size, kv_heads, head_dim]
-    return blocks.flatten(1, 2)[:, :num_tokens]
+    return block_tables.long()[rows, positions // block_size] * block_size + positions % block_size
+
+
+def _gather_packed(
+    cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+) -> torch.Tensor:
+    """Every row's context, rows one after another without padding: [sum(context_lens), kv, head_dim]."""
+    lens = context_lens.to(cache.device).long()
+    rows = torch.repeat_interleave(torch.arange(lens.shape[0], device=cache.device), lens)
+    row_starts = lens.cumsum(0) - lens
+    positions = torch.arange(rows.shape[0], device=cache.device) - row_starts[rows]
+    return cache.flatten(0, 1).index_select(0, _slots(cache, block_tables, rows, positions))
+
+
+def _gather_tokens(
+    cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """The first `num_tokens` cached positions of each table row, head-major:
+    [rows, num_kv_heads, num_tokens, head_dim]. Positions at or past a row's context length read its last
+    valid position instead (position 0 when it has none), so padding never brings in the NaN or garbage the
+    cache may hold there; callers still mask those positions out of the softmax."""
+    num_kv_heads, head_dim = cache.shape[2:]
+    positions = torch.arange(num_tokens, device=cache.device)
+    last = (context_lens.to(cache.device).long() - 1).clamp(min=0)
+    positions = torch.minimum(positions, last[:, None])  # [rows, num_tokens]
+    rows = torch.arange(block_tables.shape[0], device=cache.device)[:, None]
+    slots = _slots(cache, block_tables, rows, positions)  # [rows, num_tokens]
+    # One cache row per (slot, kv head) so the copy lands directly in the head-major layout SDPA wants.
+    head_rows = slots[:, None, :] * num_kv_heads + torch.arange(num_kv_heads, device=cache.device)[:, None]
+    gathered = cache.view(-1, head_dim).index_select(0, head_rows.flatten())
+    return gathered.view(block_tables.shape[0], num_kv_heads, num_tokens, head_dim)
 
 
 def paged_attention_decode_torch(
@@ -35,24 +66,20 @@ def paged_attention_decode_torch(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Reference: gathers every sequence's K/V at once and runs one masked SDPA in fp32, the query heads
-    of a KV head acting as that head's query rows; SDPA reads the gathered K/V through strides, no copy."""
+    """Reference: gathers every sequence's K/V at once, padded to the longest context, and runs one masked
+    SDPA in fp32, the query heads of a KV head acting as that head's query rows."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     max_len = int(context_lens.max()) if num_seqs else 0
     if max_len == 0:
         return torch.zeros_like(q)
-    # Fresh gathered copies [seqs, len, kv, dim], ours to modify.
-    k = _gather_blocks(k_cache, block_tables, max_len).float()
-    v = _gather_blocks(v_cache, block_tables, max_len).float()
+    k = _gather_tokens(k_cache, block_tables, context_lens, max_len).float()  # [seqs, kv, len, dim]
+    v = _gather_tokens(v_cache, block_tables, context_lens, max_len).float()
     context_lens = context_lens.to(q.device)
-    invalid = torch.arange(max_len, device=q.device) >= context_lens[:, None]  # [seqs, len]
-    # Positions past a sequence's context may hold anything, NaN included, which a mask does not stop.
-    k[invalid] = 0.0
-    v[invalid] = 0.0
+    valid = torch.arange(max_len, device=q.device) < context_lens[:, None]  # [seqs, len]
     q_grouped = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
-        q_grouped, k.transpose(1, 2), v.transpose(1, 2), attn_mask=~invalid[:, None, None, :], scale=scale
+        q_grouped, k, v, attn_mask=valid[:, None, None, :], scale=scale
     )  # [seqs, kv, group, dim]
     # A sequence with no context attends to nothing.
     out = out.masked_fill((context_lens == 0)[:, None, None, None], 0.0)
@@ -69,21 +96,22 @@ def paged_attention_prefill_torch(
     scale: float,
     max_query_len: int,
 ) -> torch.Tensor:
-    """Reference: per sequence, gathers its prefix and runs one causal SDPA in fp32, with the query heads
-    of a KV head stacked along the query axis so K/V are never repeated."""
+    """Reference: gathers every sequence's prefix in one copy, then per sequence runs one causal SDPA in
+    fp32, with the query heads of a KV head stacked along the query axis so K/V are never repeated."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
+    k_all = _gather_packed(k_cache, block_tables, context_lens).float()  # [sum(context_lens), kv, dim]
+    v_all = _gather_packed(v_cache, block_tables, context_lens).float()
     starts, lens = cu_seqlens_q.tolist(), context_lens.tolist()
-    for seq, context_len in enumerate(lens):
+    for seq, (context_len, context_end) in enumerate(zip(lens, accumulate(lens), strict=True)):
         start, end = starts[seq], starts[seq + 1]
         q_len = end - start
         if q_len == 0:
             continue
-        table = block_tables[seq : seq + 1]
-        k = _gather_blocks(k_cache, table, context_len)[0].float().transpose(0, 1)  # [kv, len, dim]
-        v = _gather_blocks(v_cache, table, context_len)[0].float().transpose(0, 1)
+        k = k_all[context_end - context_len : context_end].transpose(0, 1)  # [kv, len, dim]
+        v = v_all[context_end - context_len : context_end].transpose(0, 1)
         q_seq = q[start:end].float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         q_seq = q_seq.reshape(num_kv_heads, group * q_len, head_dim)  # [kv, group * q_len, dim]
         query_pos = torch.arange(context_len - q_len, context_len, device=q.device)

@@ -162,6 +162,27 @@ def test_fp16_accumulates_in_fp32(backend, gen, poison_allocations, request):
     torch.testing.assert_close(prefilled.float(), prefill_expected, atol=3e-3, rtol=3e-3)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_table_entries_past_the_context_are_never_read(backend, gen, poison_allocations, request):
+    """Table entries past each sequence's last block may hold ids outside the cache; padding a batch to its
+    longest context must not follow them."""
+    if backend == "triton":
+        request.getfixturevalue("interpreter")
+    args, prefill_expected = prefill_case(16, 64, 3, gen)
+    lens = [3, 16, 40, 150]
+    k_cache, v_cache, tables, context_lens, keys, values = build_cache(lens, 16, 64, gen)
+    for tbl, seq_lens in ((tables, lens), (args[3], args[5].tolist())):
+        for seq, n in enumerate(seq_lens):
+            tbl[seq, -(-n // 16) :] = 10**6
+    q = torch.randn(len(lens), NUM_KV_HEADS * 3, 64, generator=gen)
+    with use_backend(backend):
+        decoded = paged_attention_decode(q, k_cache, v_cache, tables, context_lens, 0.125)
+        prefilled = paged_attention_prefill(*args)
+    expected = decode_expected(q, keys, values, 3, 0.125)
+    torch.testing.assert_close(decoded, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(prefilled, prefill_expected, atol=1e-5, rtol=1e-5)
+
+
 def test_bad_shapes_name_the_problem(gen):
     k_cache, v_cache, tables, context_lens, _, _ = build_cache([3], 16, 64, gen)
     q = torch.randn(1, 3, 64, generator=gen)
