@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from peft.tuners.lora import LoraLayer
 from torch import nn
 
 POLICY = "policy"  # the name of the one adapter the engine serves
@@ -50,10 +49,15 @@ class LoraWeights:
     scale: float
 
 
-def lora_layers(model: nn.Module) -> list[tuple[str, LoraLayer]]:
+def is_lora_layer(module: nn.Module) -> bool:
+    """A peft LoRA layer (duck-typed, so the engine imports no peft): per-adapter lora_A/lora_B/scaling."""
+    return all(hasattr(module, name) for name in ("lora_A", "lora_B", "scaling", "get_base_layer"))
+
+
+def lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(HF module path, peft LoRA layer) of every adapted Linear; empty for a model without an adapter."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return [(name, module) for name, module in base.named_modules() if isinstance(module, LoraLayer)]
+    return [(name, module) for name, module in base.named_modules() if is_lora_layer(module)]
 
 
 def active_adapter(model: nn.Module) -> str:
