@@ -130,7 +130,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     mode: Mode = Mode.train
     seed: int = 0
-    num_steps: int = 20
+    num_steps: int = 15
     prompts_per_step: int = 4
     eval_every: int = 10  # 0: evaluate only before and after training
     checkpoint_every: int = 10
