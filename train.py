@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 
 import hydra
-from datasets import Dataset
 import torch
+from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from envs import EnvError, make_env, start_episodes, step_episodes
