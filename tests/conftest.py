@@ -24,6 +24,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def causal_lm_logprobs():
+    """log_softmax of each completion token under one HF (or peft) forward over prompt + completion."""
+
+    def logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+    return logprobs
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     """The real default model and its tokenizer, loaded once per test session. Tests must not modify it."""
     from rl.models import load_model

@@ -93,18 +93,15 @@ def train_module():
     return load_train_module()
 
 
-def run(train_module, run_dir, *overrides):
+def compose_cfg(run_dir, *overrides):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[*TINY, *overrides, f"run_dir={run_dir}"])
+        return compose("train", overrides=[*TINY, *overrides, f"run_dir={run_dir}"])
+
+
+def run(train_module, run_dir, *overrides):
+    cfg = compose_cfg(run_dir, *overrides)
     torch.manual_seed(cfg.seed)
     return train_module.train(cfg)
-
-
-def trainer_logprobs(model, prompt, completion):
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
 
 
 @pytest.fixture(scope="module")
@@ -130,16 +127,16 @@ def test_three_steps_train_the_adapter_and_log_every_metric(three_steps):
     assert (run_dir / "samples.jsonl").stat().st_size > 0
 
 
-def test_after_sync_the_engine_samples_from_the_trainers_weights(three_steps):
+def test_after_sync_the_engine_samples_from_the_trainers_weights(three_steps, causal_lm_logprobs):
     _, result = three_steps
     model, engine = result.parts.model.eval(), result.parts.engine
     prompt = [1, 520, 9531, 198, 4093, 17, 88]
     greedy = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=[])
     sample = engine.generate([prompt], greedy)[0].samples[0]
-    expected = trainer_logprobs(model, prompt, sample.token_ids)
+    expected = causal_lm_logprobs(model, prompt, sample.token_ids)
     assert torch.allclose(torch.tensor(sample.logprobs), expected, atol=1e-4)
     with model.disable_adapter():
-        base = trainer_logprobs(model, prompt, sample.token_ids)
+        base = causal_lm_logprobs(model, prompt, sample.token_ids)
     assert not torch.allclose(base, expected, atol=1e-4)  # the adapter matters, so the check above can fail
 
 
@@ -165,10 +162,7 @@ def test_multi_turn_masks_observation_tokens_out_of_the_loss(train_module, tmp_p
     multi_turn = ["env=sql_multiturn", "env.args.max_turns=2", SMALL_SQL]
     result = run(train_module, tmp_path, "num_steps=1", *multi_turn)
     parts = result.parts
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(
-            "train", overrides=[*TINY, "env=sql_multiturn", "env.args.max_turns=2", f"run_dir={tmp_path}"]
-        )
+    cfg = compose_cfg(tmp_path, *multi_turn)
     stream = train_module.TaskStream(parts.train_tasks, seed=1)
     groups = train_module.collect_groups(parts, cfg, stream, step=9, timer=train_module.StepTimer())
     batch, _ = to_rollout_batch(groups, parts.tokenizer.pad_token_id, "grpo", "group")

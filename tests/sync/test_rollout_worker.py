@@ -15,14 +15,7 @@ ENGINE = dict(
 )
 
 
-def trainer_logprobs(model, prompt, completion):
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
-
-
-def test_worker_engine_gives_the_trainers_logprobs_after_each_push():
+def test_worker_engine_gives_the_trainers_logprobs_after_each_push(causal_lm_logprobs):
     smollm2_checkpoint_dir()  # the tokenizer the worker loads is converted once, here, not in the worker
     model, _ = load_model(**MODEL)
     model = add_lora(model, **LORA).eval()
@@ -39,6 +32,6 @@ def test_worker_engine_gives_the_trainers_logprobs_after_each_push():
             sync.push(lora_tensors(model), version)
             (group,) = remote.generate([prompt], greedy)
             sample = group.samples[0]
-            expected = trainer_logprobs(model, prompt, sample.token_ids)
+            expected = causal_lm_logprobs(model, prompt, sample.token_ids)
             assert torch.allclose(torch.tensor(sample.logprobs), expected, atol=1e-4)
             assert len(sample.token_ids) == 6
