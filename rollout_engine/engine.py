@@ -290,18 +290,19 @@ class LLMEngine:
         """The engine-owned LoRA tensors by sync name (`<module path>.lora_A` / `.lora_B`), or {}."""
         return self.lora.buffers() if self.lora is not None else {}
 
-    def set_lora_version(self, version: int) -> None:
-        """Adopt a version whose weights were written into `lora_buffers()`; its stale KV is dropped."""
+    def _adapter(self) -> LoraAdapter:
         if self.lora is None:
             raise ValueError("this engine was built without a LoRA adapter; build it from a peft model")
-        self.lora.version = version
+        return self.lora
+
+    def set_lora_version(self, version: int) -> None:
+        """Adopt a version whose weights were written into `lora_buffers()`; its stale KV is dropped."""
+        self._adapter().version = version
         self.reset_prefix_cache()
 
     def update_lora(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
         """Copy new LoRA weights into the engine's buffers in place, all validated before any is written."""
-        if self.lora is None:
-            raise ValueError("this engine was built without a LoRA adapter; build it from a peft model")
-        self.lora.update(named_tensors, version)
+        self._adapter().update(named_tensors, version)
         self.reset_prefix_cache()
 
     def stats(self) -> dict[str, int]:
