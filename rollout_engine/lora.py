@@ -19,6 +19,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from kernels.lora import lora_expand, lora_shrink
+
 POLICY = "policy"  # the name of the one adapter the engine serves
 
 
@@ -152,9 +154,9 @@ class LoraAdapter:
         self.version = version
 
 
-def lora_delta(x: torch.Tensor, weights: LoraWeights, token_mask: torch.Tensor | None) -> torch.Tensor:
-    """scale * (x A^T) B^T on the tokens whose request uses the adapter; token_mask [num_tokens, 1] | None."""
-    delta = torch.nn.functional.linear(torch.nn.functional.linear(x, weights.a), weights.b)
-    if token_mask is not None:
-        delta = delta * token_mask
-    return delta * weights.scale
+def add_lora_delta(
+    y: torch.Tensor, x: torch.Tensor, weights: LoraWeights, token_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """y += scale * (x A^T) B^T in place, on the tokens whose request uses the adapter (token_mask
+    [num_tokens, 1], None for all); returns y. On CUDA the [num_tokens, out] delta is never materialised."""
+    return lora_expand(lora_shrink(x, weights.a, weights.scale), weights.b, y, token_mask)

@@ -1,4 +1,4 @@
-"""Every projection of the paged forward goes through `linear`, the one place where LoRA will hook in."""
+"""Every projection of the paged forward goes through `linear`, the one place where LoRA hooks in."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollout_engine.lora import LoraTokens, LoraWeights, lora_delta
+from rollout_engine.lora import LoraTokens, LoraWeights, add_lora_delta
 
 
 def base_linear(module: nn.Module) -> nn.Linear:
@@ -25,5 +25,5 @@ def linear(
     engine's LoRA delta on the tokens that use the adapter."""
     y = F.linear(x, layer.weight, layer.bias)
     if lora is not None and tokens is not None and tokens.enabled:
-        y = y + lora_delta(x, lora, tokens.mask)
+        add_lora_delta(y, x, lora, tokens.mask)
     return y

@@ -1,0 +1,226 @@
+"""LoRA shrink/expand against a hand-written float64 formula (x A^T B^T * scale * mask), each kernel against
+its reference, refused inputs, and the engine with the Triton path forced against the reference path."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels.lora
+from kernels import use_backend
+from kernels.lora import lora_expand, lora_shrink
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout_engine"))
+from rollout_tiny_models import make_engine, random_prompts  # noqa: E402
+from test_rollout_lora import peft_model  # noqa: E402
+
+from rollout_engine import SamplingParams  # noqa: E402
+
+SCALE = 0.75
+
+
+def lora_inputs(num_tokens, in_features, out_features, rank, gen, dtype=torch.float32):
+    """x, A, B scaled like a trained adapter, so h and the delta are O(1)."""
+    x = torch.randn(num_tokens, in_features, generator=gen)
+    a = torch.randn(rank, in_features, generator=gen) / in_features**0.5
+    b = torch.randn(out_features, rank, generator=gen) / rank**0.5
+    return x.to(dtype), a.to(dtype), b.to(dtype)
+
+
+def mixed_mask(num_tokens, gen):
+    """A random 0/1 mask [num_tokens, 1] whose first token is off and whose last (if not the first) is on."""
+    mask = torch.randint(0, 2, (num_tokens, 1), generator=gen).float()
+    mask[-1] = 1.0
+    mask[0] = 0.0
+    return mask
+
+
+def formula(x, a, b, scale, mask):
+    """The delta by hand, in float64."""
+    delta = x.double() @ a.double().T @ b.double().T * scale
+    return delta if mask is None else delta * mask.double()
+
+
+def run_backend(backend, request):
+    if backend == "triton":
+        request.getfixturevalue("interpreter")
+    return use_backend(backend)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+@pytest.mark.parametrize(("in_features", "out_features"), [(64, 96), (96, 576), (576, 64)])
+@pytest.mark.parametrize("rank", [8, 12, 16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_shrink_then_expand_equals_formula(
+    backend, num_tokens, in_features, out_features, rank, masked, gen, poison_allocations, request
+):
+    x, a, b = lora_inputs(num_tokens, in_features, out_features, rank, gen)
+    mask = mixed_mask(num_tokens, gen) if masked else None
+    y_before = torch.randn(num_tokens, out_features, generator=gen)
+    y = y_before.clone()
+    with run_backend(backend, request):
+        h = lora_shrink(x, a, SCALE)
+        out = lora_expand(h, b, y, mask)
+    assert out.data_ptr() == y.data_ptr()  # added in place, not into a new tensor
+    torch.testing.assert_close(h.double(), x.double() @ a.double().T * SCALE, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        y.double(), y_before.double() + formula(x, a, b, SCALE, mask), atol=1e-5, rtol=1e-5
+    )
+    if masked:  # tokens without the adapter keep the base output bit for bit
+        off = mask[:, 0] == 0
+        assert torch.equal(y[off], y_before[off])
+
+
+@pytest.mark.parametrize(("num_tokens", "in_features", "rank"), [(1, 576, 16), (33, 96, 12), (7, 64, 80)])
+def test_shrink_kernel_matches_reference(num_tokens, in_features, rank, gen, interpreter, poison_allocations):
+    # rank 80 spans two rank tiles of the kernel
+    x, a, _ = lora_inputs(num_tokens, in_features, 1, rank, gen)
+    got = kernels.lora.lora_shrink_triton(x, a, SCALE)
+    torch.testing.assert_close(got, kernels.lora.lora_shrink_torch(x, a, SCALE), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "in_features", "num_splits"), [(1, 576, 2), (7, 576, 4), (33, 1000, 5)]
+)
+def test_shrink_split_over_input_features_equals_formula(
+    num_tokens, in_features, num_splits, gen, interpreter, poison_allocations
+):
+    # 576 features are 9 tiles of 64: 2 splits of 5 + 4 tiles, 4 splits of 3 + 3 + 3 (the fourth is dropped)
+    x, a, _ = lora_inputs(num_tokens, in_features, 1, 12, gen)
+    got = kernels.lora.lora_shrink_triton(x, a, SCALE, num_splits=num_splits)
+    torch.testing.assert_close(got.double(), x.double() @ a.double().T * SCALE, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("num_tokens", "out_features", "rank"), [(1, 576, 8), (33, 96, 12), (7, 200, 80)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_expand_kernel_matches_reference(num_tokens, out_features, rank, masked, gen, interpreter):
+    h = torch.randn(num_tokens, rank, generator=gen)
+    b = torch.randn(out_features, rank, generator=gen) / rank**0.5
+    mask = mixed_mask(num_tokens, gen) if masked else None
+    y = torch.randn(num_tokens, out_features, generator=gen)
+    want = kernels.lora.lora_expand_torch(h, b, y.clone(), mask)
+    torch.testing.assert_close(kernels.lora.lora_expand_triton(h, b, y, mask), want, atol=1e-5, rtol=1e-5)
+
+
+def test_strided_input_rows_and_empty_batch(gen, interpreter, poison_allocations):
+    wide = torch.randn(7, 100, generator=gen)
+    x = wide[:, 3:99]  # rows 100 apart
+    _, a, b = lora_inputs(7, 96, 64, 12, gen)
+    y_before = torch.randn(7, 64, generator=gen)
+    with use_backend("triton"):
+        y = lora_expand(lora_shrink(x, a, SCALE), b, y_before.clone())
+        empty = lora_expand(lora_shrink(x[:0], a, SCALE), b, torch.zeros(0, 64))
+    torch.testing.assert_close(
+        y.double(), y_before.double() + formula(x, a, b, SCALE, None), atol=1e-5, rtol=1e-5
+    )
+    assert empty.shape == (0, 64)
+
+
+def test_fp16_accumulates_in_fp32(gen, interpreter):
+    # Summing 4096 products in fp16 drifts by ~4e-2 here; fp32 accumulation leaves only the output rounding.
+    x, a, b = lora_inputs(5, 4096, 64, 16, gen, dtype=torch.float16)
+    y_before = torch.randn(5, 64, generator=gen).half()
+    with use_backend("triton"):
+        h = lora_shrink(x, a, SCALE)
+        y = lora_expand(h, b, y_before.clone())
+    torch.testing.assert_close(h.double(), x.double() @ a.double().T * SCALE, atol=2e-3, rtol=2e-3)
+    want = y_before.double() + h.double() @ b.double().T
+    torch.testing.assert_close(y.double(), want, atol=4e-3, rtol=2e-3)
+
+
+def test_auto_dispatches_cpu_tensors_to_the_reference(gen, monkeypatch):
+    monkeypatch.setattr(kernels.lora, "lora_shrink_triton", None)  # calling it would raise
+    monkeypatch.setattr(kernels.lora, "lora_expand_triton", None)
+    x, a, b = lora_inputs(3, 64, 64, 8, gen)
+    y = lora_expand(lora_shrink(x, a, SCALE), b, torch.zeros(3, 64))
+    torch.testing.assert_close(y.double(), formula(x, a, b, SCALE, None), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_bad_inputs_are_refused_and_y_is_left_intact(backend, gen):
+    x, a, b = lora_inputs(4, 64, 32, 8, gen)
+    h, y = torch.randn(4, 8, generator=gen), torch.randn(4, 32, generator=gen)
+    y_before = y.clone()
+    bad_calls = {
+        "A \\[r, in\\]": lambda: lora_shrink(x, a[:, :48], SCALE),
+        "one dtype": lambda: lora_shrink(x, a.double(), SCALE),
+        "B \\[out, r\\]": lambda: lora_expand(h, b[:, :4], y),
+        "y \\[num_tokens, out\\]": lambda: lora_expand(h, b, y[:3]),
+        "mask must be \\[num_tokens, 1\\]": lambda: lora_expand(h, b, y, torch.ones(4)),
+        "rows must be contiguous": lambda: lora_expand(h, b[:4], y[:, :4].T.contiguous().T),
+    }
+    with use_backend(backend):
+        for message, call in bad_calls.items():
+            with pytest.raises(ValueError, match=message):
+                call()
+    assert torch.equal(y, y_before)
+
+
+def test_engine_greedy_tokens_with_triton_lora_equal_the_reference_path(interpreter, monkeypatch):
+    """Tiny Llama with a random (non-zero B) adapter; one base-model request makes the step mix masks."""
+    launches = []
+    expand = kernels.lora.lora_expand_triton
+    monkeypatch.setattr(kernels.lora, "lora_expand_triton", lambda *args: launches.append(1) or expand(*args))
+    model = peft_model("llama", "all")
+    prompts = random_prompts([5, 9, 3], seed=3)
+    params = [
+        SamplingParams(temperature=0, max_tokens=5, stop_token_ids=[], lora=lora)
+        for lora in ("policy", None, "policy")
+    ]
+    results = {}
+    for backend in ("torch", "triton"):
+        with use_backend(backend):
+            results[backend] = [g.samples[0] for g in make_engine(model).generate(prompts, params)]
+    assert launches  # the LoRA delta really went through the Triton kernel
+    for ref, got in zip(results["torch"], results["triton"], strict=True):
+        assert got.token_ids == ref.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(ref.logprobs), atol=1e-4, rtol=0)
+    with use_backend("torch"):
+        base = make_engine(model).generate(prompts, SamplingParams(temperature=0, max_tokens=5, lora=None))
+    assert base[0].samples[0].token_ids != results["torch"][0].token_ids  # the adapter changes the output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("num_tokens", "in_features", "out_features", "rank"),
+    [(1, 576, 1536, 16), (77, 2048, 6144, 64), (256, 6144, 2048, 12)],
+)
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_bf16_triton_matches_formula_and_reference(
+    num_tokens, in_features, out_features, rank, masked, gen
+):
+    x, a, b = (
+        t.to("cuda") for t in lora_inputs(num_tokens, in_features, out_features, rank, gen, torch.bfloat16)
+    )
+    mask = mixed_mask(num_tokens, gen).to("cuda", torch.bfloat16) if masked else None
+    y_before = torch.randn(num_tokens, out_features, generator=gen).to("cuda", torch.bfloat16)
+    y = lora_expand(lora_shrink(x, a, SCALE), b, y_before.clone(), mask)
+    with use_backend("torch"):
+        want = lora_expand(lora_shrink(x, a, SCALE), b, y_before.clone(), mask)
+    exact = y_before.double() + formula(x, a, b, SCALE, mask)
+    torch.testing.assert_close(y.double(), exact, atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(y, want, atol=3e-2, rtol=2e-2)
+    if masked:
+        off = mask[:, 0] == 0
+        assert torch.equal(y[off], y_before[off])
+
+
+@pytest.mark.gpu
+def test_gpu_shrink_expand_replay_in_a_cuda_graph(gen):
+    """Decode runs from CUDA graphs: a captured shrink (2048 features, split 4 ways on an H200) and expand,
+    replayed on new inputs written into the static buffers, equal the eager calls bit for bit."""
+    x, a, b = (t.to("cuda") for t in lora_inputs(8, 2048, 1024, 16, gen, torch.bfloat16))
+    mask = mixed_mask(8, gen).to("cuda", torch.bfloat16)
+    y = torch.zeros(8, 1024, device="cuda", dtype=torch.bfloat16)
+    lora_expand(lora_shrink(x, a, SCALE), b, y, mask)  # compiles the kernels before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lora_expand(lora_shrink(x, a, SCALE), b, y, mask)
+    x.copy_(torch.randn(8, 2048, generator=gen).to("cuda", torch.bfloat16))
+    y_before = torch.randn(8, 1024, generator=gen).to("cuda", torch.bfloat16)
+    y.copy_(y_before)
+    graph.replay()
+    eager = lora_expand(lora_shrink(x, a, SCALE), b, y_before.clone(), mask)
+    torch.testing.assert_close(y, eager, atol=0, rtol=0)
