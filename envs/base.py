@@ -50,7 +50,9 @@ class Env(Protocol):
     """Built once from flat keyword arguments; ``start`` turns a task row into an episode.
 
     An env may also declare ``stop``: strings that end a turn's generation (e.g. a closing tag), so the
-    environment answers as soon as an action is complete.
+    environment answers as soon as an action is complete, and ``response_prefix``: text that opens the
+    model's first reply (e.g. "```sql\nSELECT"), placed after the prompt so the model continues it. The
+    prefix is part of the prompt, never trained on, and is put back in front of the first action.
     """
 
     max_turns: int

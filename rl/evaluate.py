@@ -55,7 +55,13 @@ def evaluate(
     """Play each task once with `greedy_params` (temperature 0, n=1) and score it."""
     episodes = start_fn(env, tasks)
     trajectories = play_groups(
-        engine, tokenizer, [[e] for e in episodes], greedy_params, step_fn, max_completion_tokens
+        engine,
+        tokenizer,
+        [[e] for e in episodes],
+        greedy_params,
+        step_fn,
+        max_completion_tokens,
+        response_prefix=getattr(env, "response_prefix", ""),
     )
     flat = [group[0] for group in trajectories]
     wins = [succeeded(t) for t in flat]

@@ -42,12 +42,13 @@ class Trajectory:
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(token_ids))
 
 
-def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The chat-templated prompt, ending with the assistant's generation prompt."""
+def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]], response_prefix: str = "") -> list[int]:
+    """The chat-templated prompt, ending with the assistant's generation prompt and then the start of the
+    reply that the environment writes for the model (``response_prefix``, e.g. an opened code fence)."""
     ids = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    return list(ids)
+    return list(ids) + tokenizer.encode(response_prefix, add_special_tokens=False)
 
 
 def play_groups(
@@ -57,15 +58,17 @@ def play_groups(
     params: Any,
     step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
     max_completion_tokens: int,
+    response_prefix: str = "",
 ) -> list[list[Trajectory]]:
     """Play every group's episodes to the end; `groups[i]` holds the G episodes of prompt i.
 
     `params` is the engine's SamplingParams with n=G; continuations reuse it with n=1 and a derived seed.
     `step_fn(episodes, actions)` steps many episodes at once (envs.step_episodes). An episode ends when the
     environment says done, at its max_turns, or when its completion reaches `max_completion_tokens`
-    (truncated).
+    (truncated). `response_prefix` (an env's declared start of every first reply) ends each prompt, so it
+    is never trained on, and is put back in front of the first action the environment sees.
     """
-    prompts = [prompt_token_ids(tokenizer, group[0].messages) for group in groups]
+    prompts = [prompt_token_ids(tokenizer, group[0].messages, response_prefix) for group in groups]
     trajectories = [[Trajectory(prompt_ids=list(p)) for _ in g] for p, g in zip(prompts, groups, strict=True)]
     results = engine.generate(prompts, params)
     samples = [sample for result in results for sample in result.samples]
@@ -79,7 +82,8 @@ def play_groups(
             traj.append(sample.token_ids, sample.logprobs)
             traj.num_turns = turn
             traj.truncated = sample.finish_reason == "length"
-        actions = [tokenizer.decode(sample.token_ids, skip_special_tokens=True) for sample in samples]
+        prefix = response_prefix if turn == 1 else ""
+        actions = [prefix + tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
         for traj, step in zip(trajs, step_fn(episodes, actions), strict=True):
             _record_step(traj, step, tokenizer, max_completion_tokens)
         still = [(key, t) for key, t, e in zip(active, trajs, episodes, strict=True) if _continues(t, e)]
@@ -92,7 +96,7 @@ def play_groups(
         samples = [r.samples[0] for r in engine.generate(continuations, next_params)]
     for group in trajectories:
         for traj in group:
-            traj.text = tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
+            traj.text = response_prefix + tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
     return trajectories
 
 

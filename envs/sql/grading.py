@@ -9,7 +9,7 @@ from functools import lru_cache, partial
 from typing import Any
 
 from envs.rewards import WeightedRewards
-from envs.sql.match import gold_result, has_top_level_order_by, results_match
+from envs.sql.match import gold_result, has_top_level_order_by, result_overlap, results_match
 from envs.sql.prompts import extract_sql
 from envs.sql.sandbox import execute
 
@@ -18,12 +18,14 @@ _SQL_FENCE = re.compile(r"```[ \t]*sql\b.*?```", re.DOTALL | re.IGNORECASE)
 
 @dataclass(slots=True, frozen=True)
 class SqlGrade:
-    """The extracted query (None when there was none), whether it ran, whether it matched, and its error."""
+    """The extracted query (None when there was none), whether it ran, whether it matched, its error, and
+    its partial credit (``match.result_overlap``: 1.0 for a match, 0.0 when it did not run)."""
 
     sql: str | None
     ok: bool
     match: bool
     error: str | None
+    overlap: float = 0.0
 
 
 @lru_cache(maxsize=4096)
@@ -32,7 +34,8 @@ def _grade_sql(db_path: str, gold_sql: str, sql: str, timeout_s: float) -> SqlGr
     if not pred.ok:
         return SqlGrade(sql, False, False, pred.error)
     gold = gold_result(db_path, gold_sql, timeout_s)
-    return SqlGrade(sql, True, results_match(gold, pred, ordered=has_top_level_order_by(gold_sql)), None)
+    match = results_match(gold, pred, ordered=has_top_level_order_by(gold_sql))
+    return SqlGrade(sql, True, match, None, 1.0 if match else result_overlap(gold, pred))
 
 
 def grade_completion(task: Mapping[str, Any], completion: str, timeout_s: float = 2.0) -> SqlGrade:
@@ -49,6 +52,11 @@ def grade_completion(task: Mapping[str, Any], completion: str, timeout_s: float 
 def execution_reward(task: Mapping[str, Any], completion: str, timeout_s: float = 2.0) -> float:
     """1.0 when the completion's query matches the gold result, else 0.0."""
     return float(grade_completion(task, completion, timeout_s).match)
+
+
+def partial_reward(task: Mapping[str, Any], completion: str, timeout_s: float = 2.0) -> float:
+    """Partial credit in [0, 1] for a query that ran: how much of the gold result it returned."""
+    return grade_completion(task, completion, timeout_s).overlap
 
 
 def validity_penalty(
@@ -70,13 +78,31 @@ def sql_fence_format(task: Mapping[str, Any], completion: str) -> float:
     return float(len(_SQL_FENCE.findall(completion)) == 1)
 
 
+def check_reward_args(no_sql_penalty: float, error_penalty: float, partial_weight: float) -> None:
+    """Penalties are magnitudes (subtracted from the reward) and partial credit is a bonus: all >= 0."""
+    for name, value in [
+        ("no_sql_penalty", no_sql_penalty),
+        ("error_penalty", error_penalty),
+        ("partial_weight", partial_weight),
+    ]:
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}: penalties are subtracted from the reward")
+
+
 def sql_rewards(
-    no_sql_penalty: float, error_penalty: float, format_weight: float, timeout_s: float
+    no_sql_penalty: float,
+    error_penalty: float,
+    format_weight: float,
+    timeout_s: float,
+    partial_weight: float = 0.0,
 ) -> WeightedRewards:
-    """Components ``execution`` (weight 1), ``validity`` (penalties, weight 1) and ``format`` (optional)."""
+    """Components ``execution`` (weight 1), ``validity`` (penalties, weight 1), and the optional ``partial``
+    (result overlap, dense credit that gives a weak policy a gradient before it gets answers right) and
+    ``format``."""
     return WeightedRewards(
         {
             "execution": (partial(execution_reward, timeout_s=timeout_s), 1.0),
+            "partial": (partial(partial_reward, timeout_s=timeout_s), partial_weight),
             "validity": (
                 partial(
                     validity_penalty,

@@ -144,6 +144,37 @@ def results_match(gold: QueryResult, pred: QueryResult, ordered: bool) -> bool:
     return False
 
 
+def _cell_key(value: object) -> object:
+    """Numbers compare by value at 6 significant digits (3 == 3.0), everything else exactly."""
+    if _is_number(value):
+        return float(f"{float(value):.6g}")
+    return value
+
+
+def _multiset_f1(gold: Counter, pred: Counter) -> float:
+    common = sum((gold & pred).values())
+    total = sum(gold.values()) + sum(pred.values())
+    return 2 * common / total if total else 1.0
+
+
+def result_overlap(gold: QueryResult, pred: QueryResult) -> float:
+    """Partial credit in [0, 1]: how much of the gold result the prediction holds.
+
+    Each gold column is scored by the best multiset F1 of its values against any predicted column, the mean
+    over gold columns is scaled by ``len(gold columns) / len(pred columns)`` when extra columns were
+    returned (so ``SELECT *`` is not free), and a result that matches scores 1. Rows of an empty gold result
+    count as matched only by an empty prediction.
+    """
+    if not (gold.ok and pred.ok) or not pred.columns:
+        return 0.0
+    if not gold.rows or not pred.rows:
+        return float(not gold.rows and not pred.rows) * min(1.0, len(gold.columns) / len(pred.columns))
+    gold_columns = [Counter(map(_cell_key, column)) for column in zip(*gold.rows, strict=True)]
+    pred_columns = [Counter(map(_cell_key, column)) for column in zip(*pred.rows, strict=True)]
+    recall = sum(max(_multiset_f1(g, p) for p in pred_columns) for g in gold_columns) / len(gold_columns)
+    return recall * min(1.0, len(gold_columns) / len(pred_columns))
+
+
 @lru_cache(maxsize=512)
 def _gold_result(db_key: tuple, gold_sql: str, timeout_s: float, max_rows: int) -> QueryResult:
     result = execute(db_key[0], gold_sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=10**9)

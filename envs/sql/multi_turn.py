@@ -12,7 +12,7 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import grade_completion, sql_rewards
+from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import format_result, task_messages
 from envs.sql.sandbox import execute
 
@@ -87,19 +87,21 @@ class SqlMultiTurnEnv:
         sample_rows: int = 0,
         observation_max_rows: int = 10,
         observation_max_chars: int = 1000,
+        partial_weight: float = 0.0,
+        response_prefix: str = "",
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if no_sql_penalty < 0 or error_penalty < 0:
-            raise ValueError(
-                "penalties are magnitudes and must be >= 0 (they are subtracted from the reward)"
-            )
+        check_reward_args(no_sql_penalty, error_penalty, partial_weight)
         self.max_turns = max_turns
-        self.rewards: WeightedRewards = sql_rewards(no_sql_penalty, error_penalty, 0.0, timeout_s)
+        self.rewards: WeightedRewards = sql_rewards(
+            no_sql_penalty, error_penalty, 0.0, timeout_s, partial_weight
+        )
         self.timeout_s = timeout_s
         self.sample_rows = sample_rows
         self.observation_max_rows = observation_max_rows
         self.observation_max_chars = observation_max_chars
+        self.response_prefix = response_prefix
 
     def start(self, task: Mapping[str, Any]) -> SqlMultiTurnEpisode:
         """Open an episode; the instructions state the tags and the turn budget."""

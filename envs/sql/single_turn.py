@@ -7,7 +7,7 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import grade_completion, sql_rewards
+from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, task_messages
 
 
@@ -54,15 +54,15 @@ class SqlEnv:
         timeout_s: float = 2.0,
         sample_rows: int = 0,
         instructions: str = SINGLE_TURN_INSTRUCTIONS,
+        partial_weight: float = 0.0,
+        response_prefix: str = "",
     ) -> None:
-        if no_sql_penalty < 0 or error_penalty < 0:
-            raise ValueError(
-                "penalties are magnitudes and must be >= 0 (they are subtracted from the reward)"
-            )
-        self.rewards = sql_rewards(no_sql_penalty, error_penalty, format_weight, timeout_s)
+        check_reward_args(no_sql_penalty, error_penalty, partial_weight)
+        self.rewards = sql_rewards(no_sql_penalty, error_penalty, format_weight, timeout_s, partial_weight)
         self.timeout_s = timeout_s
         self.sample_rows = sample_rows
         self.instructions = instructions
+        self.response_prefix = response_prefix
 
     def start(self, task: Mapping[str, Any]) -> SqlEpisode:
         """Open an episode whose messages hold the schema and the question."""

@@ -119,3 +119,19 @@ def test_concurrent_stepping_matches_sequential(task, staff_db):
     one_by_one = [env.start(task).step(a) for a in actions]
     assert together == one_by_one
     assert [r.reward for r in together[16:]] == [1.0, 0.0] * 4
+
+
+def test_partial_credit_component_and_response_prefix(task):
+    env = SqlEnv(partial_weight=0.5, response_prefix="```sql\nSELECT")
+    assert env.response_prefix == "```sql\nSELECT"
+    # every name in emp: the 2 Research names among 6 give an F1 of 0.5
+    loose = env.start(task).step("```sql\nSELECT name FROM emp\n```")
+    assert loose.rewards == pytest.approx({"execution": 0.0, "partial": 0.5, "validity": 0.0})
+    assert loose.reward == pytest.approx(0.25)
+    exact = env.start(task).step(f"```sql\n{GOLD}\n```")
+    assert exact.reward == pytest.approx(1.5) and exact.rewards["partial"] == 1.0
+    broken = env.start(task).step("```sql\nSELECT name FROM employees\n```")
+    assert broken.reward == pytest.approx(-0.1) and broken.rewards["partial"] == 0.0
+    with pytest.raises(ValueError, match="partial_weight"):
+        SqlEnv(partial_weight=-0.5)
+    assert SqlMultiTurnEnv(partial_weight=0.5).rewards.terms["partial"][1] == 0.5

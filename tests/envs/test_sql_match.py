@@ -3,6 +3,8 @@
 import pytest
 
 from envs.sql import GoldQueryError, execution_match, has_top_level_order_by
+from envs.sql.match import result_overlap
+from envs.sql.sandbox import execute
 
 INFINITE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
@@ -177,3 +179,33 @@ def test_failing_gold_query_is_a_task_error(staff_db):
 )
 def test_top_level_order_by(sql, expected):
     assert has_top_level_order_by(sql) is expected
+
+
+OVERLAP_GOLD = "SELECT name FROM emp WHERE dept = 'Research'"  # Cid, Eve
+
+
+@pytest.mark.parametrize(
+    ("gold", "pred", "expected"),
+    [
+        (OVERLAP_GOLD, OVERLAP_GOLD, 1.0),
+        (OVERLAP_GOLD, "SELECT name FROM emp", 2 * 2 / (2 + 6)),  # all 6 names: F1 of {Cid, Eve} in them
+        (OVERLAP_GOLD, "SELECT * FROM emp WHERE dept = 'Research'", 1 / 5),  # right rows, 5 columns
+        (OVERLAP_GOLD, "SELECT dept, name FROM emp WHERE dept = 'Research'", 1 / 2),
+        (OVERLAP_GOLD, "SELECT name FROM emp WHERE dept = 'Sales'", 0.0),
+        (OVERLAP_GOLD, "SELECT id FROM emp WHERE dept = 'Research'", 0.0),
+        (OVERLAP_GOLD, "SELECT nope FROM emp", 0.0),  # an error earns nothing
+        # salaries {50000, 62000.5} against {50000, 52000, 43000.75}: one in common
+        (
+            "SELECT salary FROM emp WHERE dept = 'Sales'",
+            "SELECT salary FROM emp WHERE salary < 60000",
+            2 * 1 / (2 + 3),
+        ),
+        ("SELECT count(*) FROM emp WHERE dept = 'Sales'", "SELECT 2.0", 1.0),  # 2 == 2.0
+        ("SELECT name FROM emp WHERE salary > 1e9", "SELECT name FROM emp WHERE id < 0", 1.0),
+        ("SELECT name FROM emp WHERE salary > 1e9", "SELECT name FROM emp", 0.0),
+    ],
+)
+def test_result_overlap_is_partial_credit_worked_by_hand(staff_db, gold, pred, expected):
+    gold_result = execute(staff_db, gold)
+    assert gold_result.ok
+    assert result_overlap(gold_result, execute(staff_db, pred)) == pytest.approx(expected)

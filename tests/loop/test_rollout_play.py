@@ -125,3 +125,34 @@ def test_params_are_not_mutated_between_turns(tokenizer):
     engine = ScriptedEngine(tokenizer, [["<sql>x</sql>"], ["<answer>ok</answer>"]])
     play_groups(engine, tokenizer, [[ExploreThenAnswer()]], params, step_episodes, 100)
     assert dataclasses.asdict(params) == before
+
+
+class RecordsActions(ExploreThenAnswer):
+    def __init__(self):
+        super().__init__()
+        self.actions = []
+
+    def step(self, action):
+        self.actions.append(action)
+        return super().step(action)
+
+
+def test_response_prefix_ends_the_prompt_and_opens_only_the_first_action(tokenizer):
+    prefix = "<sql>SELECT"
+    engine = ScriptedEngine(tokenizer, [[" 1</sql>"], ["<answer>ok</answer>"]])
+    episode = RecordsActions()
+    (group,) = play_groups(engine, tokenizer, [[episode]], SamplingParams(n=1), step_episodes, 100, prefix)
+    chat = tokenizer.apply_chat_template(
+        episode.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
+    ((first_prompts, _), (cont_prompts, _)) = engine.calls
+    assert first_prompts == [list(chat) + prefix_ids]
+    assert episode.actions == ["<sql>SELECT 1</sql>", "<answer>ok</answer>"]
+    (traj,) = group
+    assert traj.prompt_ids == list(chat) + prefix_ids  # the prefix is prompt: never trained on
+    assert traj.completion_ids[: len(tokenizer.encode(" 1</sql>", add_special_tokens=False))] == (
+        tokenizer.encode(" 1</sql>", add_special_tokens=False)
+    )
+    assert traj.text.startswith("<sql>SELECT 1</sql>") and traj.reward == 1.0
+    assert cont_prompts[0][: len(traj.prompt_ids)] == traj.prompt_ids
