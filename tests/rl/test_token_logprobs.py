@@ -4,7 +4,8 @@ import copy
 
 import torch
 
-from rl.logprobs import token_logprobs
+from rl.batch import collate_rollouts
+from rl.logprobs import shared_prefix_length, token_logprobs
 from rl.trainer import batch_logprobs, first_loss_position, reference_logprobs
 
 
@@ -52,3 +53,57 @@ def test_reference_is_the_base_model_with_adapter_disabled(make_llama, make_lora
         torch.testing.assert_close(ref[row, 1:length][in_loss], expected[in_loss], atol=1e-5, rtol=1e-5)
     # the perturbed adapter really is active outside the context
     assert (policy - ref)[batch.loss_mask].abs().max().item() > 1e-3
+
+
+def test_shared_prefix_length_counts_common_attended_columns():
+    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 1, 9], [5, 6, 7, 8, 2]])
+    ones = torch.ones_like(ids)
+    assert shared_prefix_length(ids, ones, limit=10) == 3
+    assert shared_prefix_length(ids, ones, limit=2) == 2
+    assert shared_prefix_length(ids[:1], ones[:1], limit=10) == 0  # one row shares with nobody
+    padded = ones.clone()
+    padded[2, 1] = 0  # a padded column is never shared
+    assert shared_prefix_length(ids, padded, limit=10) == 1
+
+
+def test_group_rows_share_the_prompt_forward_with_equal_logprobs_and_gradients(make_llama, make_lora):
+    """The G rows of one prompt: the shared-prefix path against each row run alone, values and grads."""
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(1, 97, (9,), generator=gen).tolist()
+    completions = [torch.randint(1, 97, (n,), generator=gen).tolist() for n in (4, 6, 3, 5)]
+    batch = collate_rollouts(
+        [prompt] * 4,
+        completions,
+        [[-1.0] * len(c) for c in completions],
+        torch.tensor([1.0, -0.5, 0.25, -2.0]),
+        [False] * 4,
+        pad_token_id=0,
+    )
+    first = first_loss_position(batch)
+    assert (
+        first == len(prompt) and shared_prefix_length(batch.input_ids, batch.attention_mask, first - 1) == 8
+    )
+
+    def objective_and_grads(model, rows):
+        model.zero_grad()
+        total = 0.0
+        for r in rows:
+            out = token_logprobs(model, batch.input_ids[r], batch.attention_mask[r], 0.9, first_target=first)
+            total = total + (out.logprobs * batch.loss_mask[r] * batch.advantages[r, None]).sum()
+        total.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return out.logprobs if len(rows) == 1 else None, total.detach(), grads
+
+    model = make_lora(make_llama(), perturb=True)
+    seen = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    _, shared_total, shared_grads = objective_and_grads(model, [slice(0, 4)])
+    hook.remove()
+    # one forward of the 8 shared columns, then each row's remaining columns
+    width = batch.input_ids.size(1)
+    assert seen == [torch.Size([1, 8]), torch.Size([4, width - 8])]
+    _, alone_total, alone_grads = objective_and_grads(model, [slice(r, r + 1) for r in range(4)])
+    torch.testing.assert_close(shared_total, alone_total, atol=1e-5, rtol=1e-5)
+    for name, grad in alone_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-6, rtol=1e-4)
+    assert any(g.abs().max() > 1e-4 for g in alone_grads.values())
