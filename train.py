@@ -1,6 +1,13 @@
 """pagedrl: GRPO post-training with a colocated paged rollout engine.
 
     python train.py [group=option ...] [key=value ...]      (Hydra; see conf/train.yaml)
+    torchrun --nproc-per-node N train.py [overrides ...]     (data parallel: one rank per GPU, gloo on CPU)
+
+Under torchrun each rank colocates its own trainer and engine on its own device (cuda:LOCAL_RANK). Every
+rank walks the same task stream; prompts_per_step is per rank (like TRL's per-device batch), so a step
+trains on prompts_per_step x N groups. LoRA gradients are all-reduced (DDP), each rank hot-syncs the
+identical weights into its own engine, the held-out set is sharded over the ranks, and rank 0 alone logs
+(metrics combined over the ranks) and checkpoints. On CPU the ranks of a node split the engine's RAM budget.
 
 Reads top to bottom: build the parts from the config, evaluate, then each step sample GRPO groups with the
 engine, play them against the environment, turn rewards into advantages, take an optimisation step on the LoRA
@@ -19,6 +26,7 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from envs import EnvError, make_env, start_episodes, step_episodes
+from rl import distributed as dp
 from rl.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from rl.config import register_configs
 from rl.data import TaskStream
@@ -29,7 +37,14 @@ from rl.models import ModelLoadError, load_model
 from rl.optim import build_lr_scheduler, build_optimizer
 from rl.rollout import play_groups, to_rollout_batch
 from rl.rollout_worker import RemoteEngine, build_worker
-from rl.step_metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics, summary_text
+from rl.step_metrics import (
+    StepTimer,
+    combine_rank_metrics,
+    engine_metrics,
+    memory_metrics,
+    reward_metrics,
+    summary_text,
+)
 from rl.trainer import train_step
 from rl.weight_sync import DistributedSync, InProcessSync
 from rollout_engine import LLMEngine, SamplingParams
@@ -47,9 +62,11 @@ class Parts:
     env: object
     train_tasks: object
     test_tasks: object
+    train_model: torch.nn.Module  # what train_step runs: the model, wrapped in DDP under torchrun
+    dist: dp.DistInfo = dp.SINGLE_PROCESS
 
 
-def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwargs: dict):
+def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwargs: dict, dist: dp.DistInfo):
     """The engine and the transport that hot-syncs LoRA weights into it (colocated, or in a worker)."""
     r = cfg.rollout
     engine_kwargs = dict(
@@ -57,9 +74,16 @@ def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwa
         memory_fraction=r.memory_fraction,
         max_num_seqs=r.max_num_seqs,
         max_num_batched_tokens=r.max_num_batched_tokens,
-        memory_budget_bytes=r.memory_budget_bytes,
+        memory_budget_bytes=dp.engine_memory_budget(
+            r.memory_budget_bytes, dist.device, dist.local_world_size
+        ),
         max_model_len=r.max_model_len,
     )
+    if dist.is_distributed and r.placement.value != "inprocess":
+        raise ValueError(
+            "under torchrun each rank colocates its engine with its trainer: drop rollout.placement=process "
+            "(use rollout.placement=inprocess)"
+        )
     if r.placement.value == "inprocess":
         engine = LLMEngine(model, tokenizer, **engine_kwargs)
         return engine, InProcessSync(engine)
@@ -71,12 +95,12 @@ def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwa
     return RemoteEngine(sync), sync
 
 
-def build_parts(cfg: DictConfig) -> Parts:
+def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
     model_kwargs = dict(
         name=cfg.model.name.value,
         path=cfg.model.path,
         dtype=cfg.model.dtype.value,
-        device=cfg.model.device,
+        device=dist.device if dist.is_distributed else cfg.model.device,
         seed=cfg.model.seed,
     )
     lora_kwargs = dict(
@@ -88,17 +112,18 @@ def build_parts(cfg: DictConfig) -> Parts:
     )
     model, tokenizer = load_model(**model_kwargs)
     model = add_lora(model, **lora_kwargs)
-    engine, sync = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs)
+    train_model = dp.wrap_model(model, dist)
+    engine, sync = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
     sync.push(lora_tensors(model), version=0)
     env = make_env(cfg.env.name, **cfg.env.args)
     tasks = hydra.utils.call(cfg.env.tasks)
     if isinstance(tasks, Dataset):
         tasks = tasks.train_test_split(test_size=0.1, seed=cfg.seed)
     test_tasks = tasks["test"].select(range(min(cfg.env.eval_tasks, len(tasks["test"]))))
-    return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks)
+    return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist)
 
 
-def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0) -> SamplingParams:
+def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0, rank: int = 0) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(
         n=cfg.algo.group_size,
@@ -106,7 +131,7 @@ def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0) -> Samplin
         top_p=r.top_p,
         top_k=r.top_k,
         max_tokens=r.max_tokens,
-        seed=cfg.seed * 1_000_003 + step * 7919 + round_,
+        seed=cfg.seed * 1_000_003 + step * 7919 + round_ + rank * 1_000_000_007,
         stop=list(getattr(env, "stop", ())) or None,
     )
 
@@ -118,16 +143,20 @@ def run_eval(parts: Parts, cfg: DictConfig) -> EvalResult:
         max_tokens=cfg.rollout.max_tokens,
         stop=list(getattr(parts.env, "stop", ())) or None,
     )
-    return evaluate(
+    tasks = dp.shard(list(parts.test_tasks), parts.dist)
+    if not tasks:  # more ranks than held-out tasks
+        return dp.gather_eval(EvalResult(accuracy=0.0, reward=0.0, num_tasks=0), parts.dist)
+    result = evaluate(
         parts.engine,
         parts.tokenizer,
         parts.env,
-        list(parts.test_tasks),
+        tasks,
         greedy,
         step_episodes,
         start_episodes,
         cfg.rollout.max_completion_tokens,
     )
+    return dp.gather_eval(result, parts.dist)
 
 
 def collect_groups(parts: Parts, cfg: DictConfig, stream: TaskStream, step: int, timer: StepTimer):
@@ -140,18 +169,19 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream: TaskStream, step: int,
 
     kept = []
     for round_ in range(4 if cfg.algo.dynamic_sampling else 1):
-        tasks = stream.next_batch(cfg.prompts_per_step - len(kept))
+        tasks = dp.next_shard(stream, cfg.prompts_per_step - len(kept), parts.dist)
         groups = [start_episodes(parts.env, [task] * cfg.algo.group_size) for task in tasks]
         played = play_groups(
             parts.engine,
             parts.tokenizer,
             groups,
-            sampling_params(cfg, parts.env, step, round_),
+            sampling_params(cfg, parts.env, step, round_, parts.dist.rank),
             timed_env_step,
             cfg.rollout.max_completion_tokens,
+            response_prefix=getattr(parts.env, "response_prefix", ""),
         )
         kept += [g for g in played if not cfg.algo.dynamic_sampling or len({t.reward for t in g}) > 1]
-        if len(kept) == cfg.prompts_per_step:
+        if dp.all_ranks(len(kept) == cfg.prompts_per_step, parts.dist):
             break
     return kept or played
 
@@ -176,7 +206,7 @@ def train_step_metrics(parts: Parts, cfg: DictConfig, optimizer, scheduler, stre
             trajectories, parts.tokenizer.pad_token_id, cfg.algo.estimator.value, cfg.algo.scale.value
         )
         stats = train_step(
-            parts.model,
+            parts.train_model,
             optimizer,
             scheduler,
             batch,
@@ -197,6 +227,7 @@ def train_step_metrics(parts: Parts, cfg: DictConfig, optimizer, scheduler, stre
             temperature=cfg.rollout.temperature,
         )
     with timer("sync"):
+        dp.check_replicas(lora_tensors(parts.model), parts.dist)
         sync_stats = parts.sync.push(lora_tensors(parts.model), version=step + 1)
     metrics = {
         **reward_metrics(trajectories, rewards),
@@ -209,25 +240,24 @@ def train_step_metrics(parts: Parts, cfg: DictConfig, optimizer, scheduler, stre
     return metrics, trajectories
 
 
-def train(cfg: DictConfig) -> RunResult:
-    parts = build_parts(cfg)
-    optimizer = build_optimizer(parts.model, cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
-    scheduler = build_lr_scheduler(
-        optimizer,
-        cfg.trainer.lr_schedule.value,
-        warmup_steps=cfg.trainer.warmup_steps,
-        num_training_steps=cfg.num_steps * cfg.algo.num_iterations,
+def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream: TaskStream) -> int:
+    """With resume=true, load rank 0's latest checkpoint on every rank; returns the step it ended (or 0)."""
+    latest = dp.broadcast_object(
+        find_latest(cfg.run_dir) if cfg.resume and parts.dist.is_main else None, parts.dist
     )
-    stream = TaskStream(parts.train_tasks, seed=cfg.seed)
-    start_step = 0
-    latest = find_latest(cfg.run_dir) if cfg.resume else None
-    if latest is not None:
-        state = load_checkpoint(latest, parts.model, optimizer, scheduler)
-        stream.restore(state.data_position)
-        start_step = state.step
-        parts.sync.push(lora_tensors(parts.model), version=start_step + 1)
-        print(f"resumed from {latest} at step {start_step}")
-    logger = RunLogger(
+    if latest is None:
+        return 0
+    state = load_checkpoint(latest, parts.model, optimizer, scheduler)
+    stream.restore(state.data_position)
+    parts.sync.push(lora_tensors(parts.model), version=state.step + 1)
+    if parts.dist.is_main:
+        print(f"resumed from {latest} at step {state.step}")
+    return state.step
+
+
+def open_logger(cfg: DictConfig, start_step: int) -> RunLogger:
+    """The JSONL / W&B / progress-bar logger (rank 0's alone under torchrun)."""
+    return RunLogger(
         cfg.run_dir,
         project=cfg.logger.wandb.project,
         run_name=cfg.logger.wandb.run_name,
@@ -238,22 +268,46 @@ def train(cfg: DictConfig) -> RunResult:
         sample_every=cfg.logger.samples_every,
         progress=cfg.logger.progress,
     )
+
+
+def log_step(logger: RunLogger, step: int, metrics: dict[str, float], trajectories, tokenizer) -> None:
+    """The step's metrics, and every samples_every steps a table of this rank's samples."""
+    logger.log(step, metrics)
+    if logger.wants_samples(step):
+        flat = [t for group in trajectories for t in group]
+        rows = [SampleRow(tokenizer.decode(t.prompt_ids), t.text, t.reward) for t in flat]
+        logger.log_samples(step, rows)
+
+
+def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
+    cfg.run_dir = dp.broadcast_object(cfg.run_dir, dist)  # Hydra may stamp each rank's directory differently
+    parts = build_parts(cfg, dist)
+    optimizer = build_optimizer(parts.model, cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+    scheduler = build_lr_scheduler(
+        optimizer,
+        cfg.trainer.lr_schedule.value,
+        warmup_steps=cfg.trainer.warmup_steps,
+        num_training_steps=cfg.num_steps * cfg.algo.num_iterations,
+    )
+    stream = TaskStream(parts.train_tasks, seed=cfg.seed)
+    start_step = resume(cfg, parts, optimizer, scheduler, stream)
+    logger = open_logger(cfg, start_step) if dist.is_main else None  # rank 0 alone logs and checkpoints
     timer, history, before = StepTimer(), [], None
     if start_step == 0:
         with timer("eval"):
             before = run_eval(parts, cfg)
-        logger.log(0, before.metrics())
+        if logger is not None:
+            logger.log(0, before.metrics())
     for step in range(start_step + 1, cfg.num_steps + 1):
-        metrics, trajectories = train_step_metrics(parts, cfg, optimizer, scheduler, stream, step, timer)
+        local, trajectories = train_step_metrics(parts, cfg, optimizer, scheduler, stream, step, timer)
+        metrics = combine_rank_metrics(dp.gather_objects(local, dist))
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.num_steps:
             with timer("eval"):
                 metrics.update(run_eval(parts, cfg).metrics())
-        logger.log(step, metrics)
         history.append(metrics)
-        if logger.wants_samples(step):
-            flat = [t for group in trajectories for t in group]
-            rows = [SampleRow(parts.tokenizer.decode(t.prompt_ids), t.text, t.reward) for t in flat]
-            logger.log_samples(step, rows)
+        if logger is None:
+            continue
+        log_step(logger, step, metrics, trajectories, parts.tokenizer)
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.num_steps):
             save_checkpoint(
                 cfg.run_dir,
@@ -267,27 +321,30 @@ def train(cfg: DictConfig) -> RunResult:
             )
     with timer("eval"):
         after = run_eval(parts, cfg)
-    logger.log(cfg.num_steps, after.metrics())
-    logger.close()
-    print(summary_text(before, after, history, timer))
+    if logger is not None:
+        logger.log(cfg.num_steps, after.metrics())
+        logger.close()
+        print(summary_text(before, after, history, timer))
     return RunResult(parts, before, after, history)
 
 
-def eval_only(cfg: DictConfig) -> None:
-    parts = build_parts(cfg)
+def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
+    parts = build_parts(cfg, dist)
     if cfg.checkpoint:
         load_checkpoint(cfg.checkpoint, parts.model, restore_rng=False)
         parts.sync.push(lora_tensors(parts.model), version=1)
     result = run_eval(parts, cfg)
-    print(f"held-out greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
-    print(result.table())
+    if dist.is_main:
+        print(f"held-out greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
+        print(result.table())
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     torch.manual_seed(cfg.seed)
     try:
-        (train if cfg.mode.value == "train" else eval_only)(cfg)
+        with dp.distributed(cfg.model.device) as dist:
+            (train if cfg.mode.value == "train" else eval_only)(cfg, dist)
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -16,6 +17,22 @@ from rl.advantages import reward_stats
 from rl.rollout import Trajectory
 
 PHASES = ("generate", "env", "train", "sync", "eval")
+# How one step's metric combines over data-parallel ranks (by name, or by a prefix ending in "/"); the rest
+# are averaged. Throughput and counts add up over the job; the slowest rank sets the step time and each
+# rank's peak memory is its own device's, so those take the largest.
+RANK_REDUCERS = {
+    "rollout/tokens_per_s": sum,
+    "rollout/blocks_shared": sum,
+    "rollout/preemptions": sum,
+    "rollout/prefix_cache_hits": sum,
+    "env/errors": sum,
+    "num_tokens": sum,
+    "num_skipped_steps": max,
+    "completions/min_length": min,
+    "completions/max_length": max,
+    "time/": max,
+    "memory/": max,
+}
 
 
 class StepTimer:
@@ -61,6 +78,24 @@ def reward_metrics(trajectories: Sequence[Sequence[Trajectory]], rewards: torch.
     }
     for name in sorted({name for t in flat for name in t.rewards}):
         out[f"rewards/{name}"] = sum(t.rewards.get(name, 0.0) for t in flat) / len(flat)
+    return out
+
+
+def combine_rank_metrics(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from every data-parallel rank as one (see RANK_REDUCERS).
+
+    A reward component that no episode of a rank reported counts as 0 there, as in `reward_metrics`; any
+    other metric a rank lacks combines over the ranks that have it.
+    """
+    names = dict.fromkeys(name for metrics in per_rank for name in metrics)
+    out = {}
+    for name in names:
+        if name.startswith("rewards/"):
+            values = [metrics.get(name, 0.0) for metrics in per_rank]
+        else:
+            values = [metrics[name] for metrics in per_rank if name in metrics]
+        prefix = name[: name.find("/") + 1]
+        out[name] = (RANK_REDUCERS.get(name) or RANK_REDUCERS.get(prefix) or statistics.fmean)(values)
     return out
 
 
