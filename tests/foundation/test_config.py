@@ -11,7 +11,10 @@ from rl.config import register_configs
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
-GROUP_OPTIONS = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
+GROUP_OPTIONS = sorted(
+    (p.parent.name, p.stem) for p in CONF.glob("*/*.yaml") if p.parent.name != "experiment"
+)
+EXPERIMENTS = sorted(p.stem for p in CONF.glob("experiment/*.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +27,18 @@ def compose_train():
 def test_every_group_has_options():
     groups = {group for group, _ in GROUP_OPTIONS}
     assert groups == {"model", "rollout", "algo", "env", "logger"}
+
+
+def test_long_preset_overrides_the_default_job(compose_train):
+    assert EXPERIMENTS == ["sql_long"]
+    default = compose_train(["run_dir=/tmp/run"])
+    long = compose_train(["+experiment=sql_long", "run_dir=/tmp/run"])
+    assert (default.num_steps, long.num_steps) == (15, 120)
+    assert long.prompts_per_step == 2 * default.prompts_per_step
+    assert list(long.env.tasks.difficulties) == ["easy", "medium", "hard"]
+    assert long.trainer.lr_schedule.value == "cosine" and long.trainer.lr == default.trainer.lr
+    # everything it does not set stays as in the default job
+    assert long.model == default.model and long.rollout == default.rollout
 
 
 @pytest.mark.parametrize("group, option", GROUP_OPTIONS)
