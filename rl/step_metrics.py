@@ -128,13 +128,16 @@ def memory_metrics(engine: Any) -> dict[str, float]:
 def summary_text(before: Any, after: Any, history: Sequence[dict[str, float]], timer: StepTimer) -> str:
     """The end-of-run report: held-out accuracy before/after, the reward curve, time split, peak memory."""
     lines = ["", "=== pagedrl run summary ==="]
+    evals = [m for m in history if "eval/accuracy" in m] + [after.metrics()]
     if before is not None:
-        lines.append(
-            f"held-out greedy accuracy: {before.accuracy:.3f} before -> {after.accuracy:.3f} after "
-            f"({after.num_tasks} test tasks on unseen schemas)"
-        )
-    else:
-        lines.append(f"held-out greedy accuracy after training: {after.accuracy:.3f}")
+        evals.insert(0, before.metrics())
+    order = "before training, then" if before is not None else "since the resume:"
+    lines.append(
+        f"held-out greedy evaluation ({after.num_tasks} test tasks on unseen schemas; {order} "
+        "every eval_every steps and at the end):"
+    )
+    for name in ("accuracy", "reward"):
+        lines.append(f"  {name:8} " + " -> ".join(f"{m[f'eval/{name}']:.3f}" for m in evals))
     rewards = [m["reward"] for m in history]
     if rewards:
         width = max(1, len(rewards) // 10)
