@@ -184,6 +184,7 @@ def main() -> None:
         "decode_step_roofline_share": step_gflops / peak_gflops,
         "threads": args.threads,
         "load_avg_1min": load,
+        "load_avg_1min_end": os.getloadavg()[0],
     }
     print(f"{'':24}{'engine':>12}{'transformers':>14}")
     print(f"{'useful tokens':24}{engine_tokens:>12}{hf_tokens:>14}")
@@ -206,7 +207,8 @@ def main() -> None:
         f"decode step at batch {batch}: {step_gflops:.1f} GFLOP/s of matmul work -> "
         f"{figures['decode_step_roofline_share']:.0%} of roofline"
     )
-    print(f"threads {args.threads}, load average at start {load:.2f}")
+    end_load = figures["load_avg_1min_end"]
+    print(f"threads {args.threads}, load average {load:.2f} at start, {end_load:.2f} at end")
     if args.profile:
         profile_engine(engine, prompts, args)
     print(json.dumps(figures))

@@ -2,6 +2,7 @@
 queries per sequence attending to its cached prefix and causally within the chunk)."""
 
 from itertools import accumulate
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,9 @@ from kernels.paged_decode import paged_attention_decode_triton
 from kernels.paged_prefill import paged_attention_prefill_triton
 
 __all__ = [
+    "DecodeGather",
+    "decode_gather",
+    "gather_kv",
     "paged_attention_decode",
     "paged_attention_decode_torch",
     "paged_attention_decode_triton",
@@ -39,23 +43,52 @@ def _gather_packed(
     return cache.flatten(0, 1).index_select(0, _slots(cache, block_tables, rows, positions))
 
 
-def _gather_tokens(
-    cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, num_tokens: int
-) -> torch.Tensor:
-    """The first `num_tokens` cached positions of each table row, head-major:
-    [rows, num_kv_heads, num_tokens, head_dim]. Positions at or past a row's context length read its last
-    valid position instead (position 0 when it has none), so padding never brings in the NaN or garbage the
-    cache may hold there; callers still mask those positions out of the softmax."""
-    num_kv_heads, head_dim = cache.shape[2:]
-    positions = torch.arange(num_tokens, device=cache.device)
-    last = (context_lens.to(cache.device).long() - 1).clamp(min=0)
-    positions = torch.minimum(positions, last[:, None])  # [rows, num_tokens]
-    rows = torch.arange(block_tables.shape[0], device=cache.device)[:, None]
-    slots = _slots(cache, block_tables, rows, positions)  # [rows, num_tokens]
+class DecodeGather(NamedTuple):
+    """Where a batch of decode sequences reads its K/V, padded to the batch's longest context. Every layer
+    shares the block tables, so this is worked out once per step and reused by all of them."""
+
+    rows: torch.Tensor  # [num_seqs * num_kv_heads * max_len] int64 rows of cache.view(-1, head_dim)
+    bias: torch.Tensor  # [num_seqs, 1, 1, max_len] fp32: 0 inside the context, -inf on padding
+    empty: torch.Tensor | None  # [num_seqs] bool, True for a sequence with no context; None when none is
+    max_len: int
+
+
+def decode_gather(
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_size: int,
+    num_kv_heads: int,
+    starts: torch.Tensor | None = None,
+) -> DecodeGather:
+    """The cache rows of positions [starts, context_lens) of each sequence (starts default to 0), head-major,
+    for a cache of `block_size`-token blocks. Padding positions read the sequence's last valid position
+    instead (its first when it has none), so padding never brings in the NaN or garbage the cache may hold
+    there (nor follows table entries past the context); `bias` masks them out of the softmax."""
+    device = block_tables.device
+    first = starts.to(device).long() if starts is not None else torch.zeros_like(context_lens, device=device)
+    lens = context_lens.to(device).long() - first
+    max_len = int(lens.max()) if lens.numel() else 0
+    offsets = torch.arange(max_len, device=device)
+    positions = first[:, None] + torch.minimum(offsets, (lens - 1).clamp(min=0)[:, None])  # [seqs, max_len]
+    slots = block_tables.long().gather(1, positions // block_size) * block_size + positions % block_size
+    heads = torch.arange(num_kv_heads, device=device)[:, None]
     # One cache row per (slot, kv head) so the copy lands directly in the head-major layout SDPA wants.
-    head_rows = slots[:, None, :] * num_kv_heads + torch.arange(num_kv_heads, device=cache.device)[:, None]
-    gathered = cache.view(-1, head_dim).index_select(0, head_rows.flatten())
-    return gathered.view(block_tables.shape[0], num_kv_heads, num_tokens, head_dim)
+    rows = (slots[:, None, :] * num_kv_heads + heads).flatten()  # [seqs * kv * max_len]
+    padding = (offsets >= lens[:, None])[:, None, None, :]
+    bias = torch.zeros(padding.shape, device=device).masked_fill_(padding, float("-inf"))
+    empty = lens == 0
+    return DecodeGather(rows, bias, empty if bool(empty.any()) else None, max_len)
+
+
+def gather_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, gather: DecodeGather
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V copied out of the cache by `gather`, each [num_seqs, num_kv_heads, max_len, head_dim] fp32."""
+    num_kv_heads, head_dim = k_cache.shape[2:]
+    shape = (gather.bias.shape[0], num_kv_heads, gather.max_len, head_dim)
+    k = k_cache.view(-1, head_dim).index_select(0, gather.rows).view(shape).float()
+    v = v_cache.view(-1, head_dim).index_select(0, gather.rows).view(shape).float()
+    return k, v
 
 
 def paged_attention_decode_torch(
@@ -70,19 +103,14 @@ def paged_attention_decode_torch(
     SDPA in fp32, the query heads of a KV head acting as that head's query rows."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    max_len = int(context_lens.max()) if num_seqs else 0
-    if max_len == 0:
+    gather = decode_gather(block_tables, context_lens, k_cache.shape[1], num_kv_heads)
+    if gather.max_len == 0:
         return torch.zeros_like(q)
-    k = _gather_tokens(k_cache, block_tables, context_lens, max_len).float()  # [seqs, kv, len, dim]
-    v = _gather_tokens(v_cache, block_tables, context_lens, max_len).float()
-    context_lens = context_lens.to(q.device)
-    valid = torch.arange(max_len, device=q.device) < context_lens[:, None]  # [seqs, len]
+    k, v = gather_kv(k_cache, v_cache, gather)
     q_grouped = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(
-        q_grouped, k, v, attn_mask=valid[:, None, None, :], scale=scale
-    )  # [seqs, kv, group, dim]
-    # A sequence with no context attends to nothing.
-    out = out.masked_fill((context_lens == 0)[:, None, None, None], 0.0)
+    out = F.scaled_dot_product_attention(q_grouped, k, v, attn_mask=gather.bias, scale=scale)
+    if gather.empty is not None:  # a sequence with no context attends to nothing
+        out = out.masked_fill(gather.empty[:, None, None, None], 0.0)
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 

@@ -54,7 +54,8 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """
     rows, vocab = probs.shape
     pad = -vocab % _CDF_BLOCK
-    blocks = torch.nn.functional.pad(probs, (0, pad)).view(rows, -1, _CDF_BLOCK)
+    padded = torch.nn.functional.pad(probs, (0, pad)) if pad else probs  # pad copies, even by nothing
+    blocks = padded.view(rows, -1, _CDF_BLOCK)
     block_cdf = blocks.sum(dim=-1).cumsum(dim=-1)  # [rows, num_blocks]
     target = uniforms[:, None] * block_cdf[:, -1:]
     block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)  # [rows, 1]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+from kernels.backend import use_triton
 from kernels.paged_attention import paged_attention_decode, paged_attention_prefill
+from kernels.paged_attention_cascade import CascadePlan, cascade_plan, paged_attention_decode_cascade
 from kernels.reshape_and_cache import reshape_and_cache
 
 
@@ -28,6 +31,19 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor  # [num_decode_seqs, max_num_blocks] int32
     decode_context_lens: torch.Tensor  # [num_decode_seqs] int32
     decode_splits: list[int]  # group boundaries over decode sequences: [0, ..., num_decode_seqs]
+    decode_plan: CascadePlan | None = None  # CPU: the decode attention's plan, from `with_decode_plan`
+
+
+def with_decode_plan(meta: AttentionMetadata, k_cache: torch.Tensor) -> AttentionMetadata:
+    """The step's metadata with its CPU decode attention planned once for all layers (the shared prompt
+    prefixes and every sequence's suffix). On CUDA the kernels read the block tables themselves."""
+    if meta.decode_context_lens.shape[0] == 0 or k_cache.device.type != "cpu" or use_triton(k_cache):
+        return meta
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    plan = cascade_plan(
+        meta.decode_block_tables, meta.decode_context_lens, meta.decode_splits, block_size, num_kv_heads
+    )
+    return dataclasses.replace(meta, decode_plan=plan)
 
 
 def paged_attention(
@@ -68,6 +84,8 @@ def _prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torc
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    if meta.decode_plan is not None:
+        return paged_attention_decode_cascade(q, k_cache, v_cache, meta.decode_plan, scale)
     bounds = meta.decode_splits
     outs = [
         paged_attention_decode(

@@ -72,8 +72,9 @@ def test_each_row_depends_only_on_its_own_seed():
     assert again.tolist() == first[2:4].tolist()
 
 
-def test_sampling_over_a_vocabulary_spanning_several_cdf_blocks():
-    rows, vocab = 20000, 3000  # not a multiple of the sampler's 1024-token CDF blocks
+@pytest.mark.parametrize("vocab", [3000, 3072])  # padded to, and exactly, three 1024-token CDF blocks
+def test_sampling_over_a_vocabulary_spanning_several_cdf_blocks(vocab):
+    rows = 20000
     logits = torch.full((rows, vocab), -30.0)
     logits[:, [5, 1500, 2999]] = torch.tensor([0.2, 0.5, 0.3]).log()
     tokens, logprobs = sample(logits, batch(rows, seed=3))
