@@ -12,6 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from rollout_engine.block_manager import BlockManager
+from rollout_engine.cuda_graphs import measure_graph_bytes
 from rollout_engine.lora import LoraAdapter, lora_layers
 from rollout_engine.memory import activation_bytes, kv_bytes_per_block, num_kv_blocks, total_memory_bytes
 from rollout_engine.model_runner import ModelRunner, order_for_step
@@ -37,7 +38,9 @@ class LLMEngine:
     """Paged rollout engine over a transformers Llama / Qwen2 / Qwen3 model (optionally peft-wrapped).
 
     The engine reads the model's own weights (never copies them), keeps KV in one preallocated pool of
-    `block_size`-token blocks sized from `memory_fraction`, and batches continuously.
+    `block_size`-token blocks sized from `memory_fraction`, and batches continuously. On CUDA, decode-only
+    steps replay CUDA graphs captured at start-up (see cuda_graphs.py) unless `enforce_eager=True`; on the
+    CPU the engine always runs eagerly.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class LLMEngine:
         max_num_batched_tokens: int = 2048,
         memory_budget_bytes: int | None = None,
         max_model_len: int | None = None,
+        enforce_eager: bool = False,
     ) -> None:
         if not 0.0 < memory_fraction <= 1.0:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
@@ -82,10 +86,20 @@ class LLMEngine:
         per_block = kv_bytes_per_block(
             self.model.num_layers, block_size, self.model.num_kv_heads, self.model.head_dim, weight.dtype
         )
-        num_blocks = num_kv_blocks(budget, act, per_block, self.max_model_len, block_size)
+        # Decode steps replay CUDA graphs unless enforce_eager; their memory is measured before the KV pool
+        # is sized, so it comes out of the same budget.
+        use_graphs = weight.device.type == "cuda" and not enforce_eager
+        max_blocks_per_seq = -(-self.max_model_len // block_size)
+        graph_bytes = (
+            measure_graph_bytes(self.model, block_size, max_num_seqs, max_blocks_per_seq) if use_graphs else 0
+        )
+        num_blocks = num_kv_blocks(budget, act, per_block, self.max_model_len, block_size, graph_bytes)
         self.block_manager = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, block_size, weight.dtype, weight.device)
+        if use_graphs:
+            self.runner.capture_graphs(max_num_seqs, max_blocks_per_seq)
+        self.cuda_graph_bytes_reserved = graph_bytes
         self.tokenizer = tokenizer
         self._requests: dict[int, _Request] = {}
         self._next_request_id = 0
@@ -305,9 +319,12 @@ class LLMEngine:
         self._adapter().update(named_tensors, version)
         self.reset_prefix_cache()
 
-    def stats(self) -> dict[str, int]:
-        """Block usage now and at peak, sharing and cache counters, and the KV pool's size in bytes."""
+    def stats(self) -> dict[str, int | list[int]]:
+        """Block usage now and at peak, sharing and cache counters, the KV pool's size in bytes, and the
+        CUDA graphs: captured batch sizes, their measured memory (and the amount reserved for them when the
+        pool was sized), and how many steps replayed one."""
         bm = self.block_manager
+        graphs = self.runner.graphs
         return {
             "num_blocks_total": bm.num_blocks,
             "num_blocks_used": bm.num_used_blocks,
@@ -320,4 +337,8 @@ class LLMEngine:
             "num_generated_tokens": self.num_generated_tokens,
             "kv_bytes_total": self.runner.kv_bytes_total,
             "kv_bytes_per_block": self.runner.kv_bytes_total // bm.num_blocks,
+            "cuda_graph_sizes": list(graphs.sizes) if graphs is not None else [],
+            "cuda_graph_bytes": graphs.nbytes if graphs is not None else 0,
+            "cuda_graph_bytes_reserved": self.cuda_graph_bytes_reserved,
+            "cuda_graph_replays": graphs.num_replays if graphs is not None else 0,
         }

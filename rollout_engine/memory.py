@@ -1,9 +1,10 @@
 """Sizing the KV pool from the memory fraction.
 
-The engine's own memory (KV pool plus the activations of one max-size step) stays under
-memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU).
+The engine's own memory (KV pool, the activations of one max-size step, and on CUDA the decode graphs)
+stays under memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU).
 The model weights are shared with the trainer and are not counted. On CUDA the activations are
-measured with a dummy step (profiling.py); on CPU `activation_bytes` estimates them.
+measured with a dummy step (profiling.py) and the graphs by a trial capture (cuda_graphs.py) before the
+pool is sized; on CPU `activation_bytes` estimates the activations.
 """
 
 from __future__ import annotations
@@ -46,17 +47,26 @@ def activation_bytes(
 
 
 def num_kv_blocks(
-    budget_bytes: int, activation_bytes: int, bytes_per_block: int, max_model_len: int, block_size: int
+    budget_bytes: int,
+    activation_bytes: int,
+    bytes_per_block: int,
+    max_model_len: int,
+    block_size: int,
+    graph_bytes: int = 0,
 ) -> int:
-    """How many KV blocks fit in the budget; ValueError when not even one max_model_len sequence fits."""
-    num_blocks = max(budget_bytes - activation_bytes, 0) // bytes_per_block
+    """How many KV blocks fit in the budget after the activations and the CUDA graphs; ValueError when not
+    even one max_model_len sequence fits."""
+    reserved = activation_bytes + graph_bytes
+    num_blocks = max(budget_bytes - reserved, 0) // bytes_per_block
     num_needed = -(-max_model_len // block_size)
     if num_blocks < num_needed:
-        need = num_needed * bytes_per_block + activation_bytes
+        need = num_needed * bytes_per_block + reserved
         raise ValueError(
             f"the KV budget of {budget_bytes / 2**20:.1f} MiB holds {num_blocks} blocks after "
-            f"{activation_bytes / 2**20:.1f} MiB of activations, but one sequence of max_model_len="
+            f"{activation_bytes / 2**20:.1f} MiB of activations and {graph_bytes / 2**20:.1f} MiB of CUDA "
+            f"graphs, but one sequence of max_model_len="
             f"{max_model_len} tokens needs {num_needed} blocks ({need / 2**20:.1f} MiB in all); raise "
-            "memory_fraction or memory_budget_bytes, or lower max_model_len / max_num_batched_tokens"
+            "memory_fraction or memory_budget_bytes, or lower max_model_len / max_num_batched_tokens (and, "
+            "for the CUDA graphs, max_num_seqs, or pass enforce_eager=True)"
         )
     return num_blocks

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from rollout_engine.block_manager import CopyPair
+from rollout_engine.cuda_graphs import DecodeGraphs
 from rollout_engine.lora import LoraTokens
 from rollout_engine.models import AttentionMetadata, PagedDecoder
 from rollout_engine.scheduler import ScheduledSeq
@@ -45,6 +46,7 @@ class ModelRunner:
         shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
         self.kv_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_pool]
+        self.graphs: DecodeGraphs | None = None
 
     @property
     def kv_bytes_total(self) -> int:
@@ -126,8 +128,17 @@ class ModelRunner:
         num_groups = 1 if self.device.type == "cuda" else max(1, min(_CPU_DECODE_GROUPS, num_decodes // 16))
         return [num_decodes * i // num_groups for i in range(num_groups + 1)]
 
+    def capture_graphs(self, max_num_seqs: int, max_blocks_per_seq: int) -> None:
+        """Capture CUDA graphs for decode-only steps of up to max_num_seqs sequences (CUDA only)."""
+        graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, max_blocks_per_seq)
+        graphs.capture()
+        self.graphs = graphs
+
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits [num_rows, vocab] (fp32)."""
+        """Logits [num_rows, vocab] (fp32): a graph replay for a decode-only step that fits a captured size,
+        else the eager forward."""
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs)
         return self.model(
             inputs.input_ids,
             inputs.positions,
