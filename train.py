@@ -78,6 +78,7 @@ def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwa
             r.memory_budget_bytes, dist.device, dist.local_world_size
         ),
         max_model_len=r.max_model_len,
+        enforce_eager=r.enforce_eager,
     )
     if dist.is_distributed and r.placement.value != "inprocess":
         raise ValueError(
@@ -93,6 +94,12 @@ def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwa
         bucket_bytes=r.sync_bucket_mb << 20,
     )
     return RemoteEngine(sync), sync
+
+
+def held_out_tasks(test: Dataset, num_tasks: int, seed: int) -> Dataset:
+    """The evaluation set: a seeded sample of the test split (task files list tasks grouped by schema and
+    family, so the first N would all be one kind)."""
+    return test.shuffle(seed=seed).select(range(min(num_tasks, len(test))))
 
 
 def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
@@ -119,7 +126,7 @@ def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts
     tasks = hydra.utils.call(cfg.env.tasks)
     if isinstance(tasks, Dataset):
         tasks = tasks.train_test_split(test_size=0.1, seed=cfg.seed)
-    test_tasks = tasks["test"].select(range(min(cfg.env.eval_tasks, len(tasks["test"]))))
+    test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.seed)
     return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist)
 
 

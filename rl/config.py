@@ -60,6 +60,7 @@ class RolloutConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
+    enforce_eager: bool = False  # CUDA: run decode eagerly instead of replaying CUDA graphs
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -131,9 +132,9 @@ class TrainConfig:
     mode: Mode = Mode.train
     seed: int = 0
     num_steps: int = 15
-    prompts_per_step: int = 4  # GRPO groups per step; per rank under torchrun (TRL's per-device batch)
-    eval_every: int = 10  # 0: evaluate only before and after training
-    checkpoint_every: int = 10
+    prompts_per_step: int = 8  # GRPO groups per step; per rank under torchrun (TRL's per-device batch)
+    eval_every: int = 5  # 0: evaluate only before and after training
+    checkpoint_every: int = 5
     keep_checkpoints: int = 2
     resume: bool = False
     checkpoint: str | None = None  # mode=eval: the checkpoint to score (None: the base model)

@@ -44,7 +44,6 @@ class SqlEnv:
     """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``)."""
 
     max_turns = 1
-    stop = ("\n```\n",)  # the closing fence of the ```sql block: nothing after it is graded
 
     def __init__(
         self,
@@ -63,6 +62,9 @@ class SqlEnv:
         self.sample_rows = sample_rows
         self.instructions = instructions
         self.response_prefix = response_prefix
+        # Generation ends at the closing fence of the ```sql block: nothing after it is graded. When the
+        # prefix opened the fence, the reply's first fence is the closing one, even on the query's own line.
+        self.stop = ("```",) if "```" in response_prefix else ("\n```\n",)
 
     def start(self, task: Mapping[str, Any]) -> SqlEpisode:
         """Open an episode whose messages hold the schema and the question."""

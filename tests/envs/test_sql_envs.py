@@ -124,6 +124,9 @@ def test_concurrent_stepping_matches_sequential(task, staff_db):
 def test_partial_credit_component_and_response_prefix(task):
     env = SqlEnv(partial_weight=0.5, response_prefix="```sql\nSELECT")
     assert env.response_prefix == "```sql\nSELECT"
+    # the prefix opened the fence, so the reply's first fence closes it; without one, the opening fence of
+    # the reply must not stop generation
+    assert env.stop == ("```",) and SqlEnv().stop == ("\n```\n",)
     # every name in emp: the 2 Research names among 6 give an F1 of 0.5
     loose = env.start(task).step("```sql\nSELECT name FROM emp\n```")
     assert loose.rewards == pytest.approx({"execution": 0.0, "partial": 0.5, "validity": 0.0})

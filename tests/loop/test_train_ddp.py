@@ -145,7 +145,7 @@ def test_ranks_split_each_global_batch_and_walk_the_same_stream(ddp_run):
     state = json.loads(next((run_dir / "checkpoints").glob(f"step_{NUM_STEPS}/state.json")).read_text())
     assert state["data_position"]["index"] == NUM_STEPS * PROMPTS_PER_RANK * WORLD_SIZE  # 32 tasks: epoch 0
     # the held-out set (4 tasks) is split too: each evaluation sees two per rank, all four together
-    held_out = _questions(vowel_tasks()["test"].select(range(4)))
+    held_out = _questions(load_train_module().held_out_tasks(vowel_tasks()["test"], 4, cfg.seed))
     for eval_0, eval_1 in zip(ranks[0]["eval"], ranks[1]["eval"], strict=True):
         assert len(eval_0) == len(eval_1) == 2 and sorted(eval_0 + eval_1) == sorted(held_out)
 
