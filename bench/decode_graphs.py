@@ -18,12 +18,10 @@ $OUT/decode_graphs.json when OUT is set.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
-from pathlib import Path
 
 import torch
+from json_line import emit
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from rollout_engine import LLMEngine, SamplingParams
@@ -202,10 +200,7 @@ def main() -> None:
         "min_speedup_batch_le_8": min(small, default=None),
         "rows": rows,
     }
-    line = json.dumps(result)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "decode_graphs.json").write_text(line + "\n")
-    print(line)
+    emit("decode_graphs", result)
 
 
 if __name__ == "__main__":

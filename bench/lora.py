@@ -14,9 +14,7 @@ Prints a table and a final JSON line; writes $OUT/lora.json when OUT is set.
 """
 
 import argparse
-import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from json_line import emit
 from paged_attention import timed  # noqa: E402
 
 from kernels import use_backend  # noqa: E402
@@ -209,10 +208,7 @@ def main() -> None:
                 dtype = getattr(torch, args.dtype)
                 cases.append(run_case(model, shape, names, num_tokens, args, device, dtype, on_gpu))
                 print_row(cases[-1])
-    line = json.dumps(summary(cases, args, device))
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "lora.json").write_text(line + "\n")
-    print(line)
+    emit("lora", summary(cases, args, device))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ Prints a table and a final JSON line; writes $OUT/paged_attention.json when OUT 
 """
 
 import argparse
-import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -25,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from json_line import emit
+
 from kernels import use_backend  # noqa: E402
 from kernels.paged_attention import paged_attention_decode  # noqa: E402
 
@@ -180,10 +180,7 @@ def main() -> None:
         ),
         "cases": [asdict(case) for case in cases],
     }
-    line = json.dumps(result)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "paged_attention.json").write_text(line + "\n")
-    print(line)
+    emit("paged_attention", result)
 
 
 if __name__ == "__main__":
