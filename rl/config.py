@@ -131,10 +131,10 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     mode: Mode = Mode.train
     seed: int = 0
-    num_steps: int = 15
+    num_steps: int = 30
     prompts_per_step: int = 8  # GRPO groups per step; per rank under torchrun (TRL's per-device batch)
-    eval_every: int = 5  # 0: evaluate only before and after training
-    checkpoint_every: int = 5
+    eval_every: int = 10  # 0: evaluate only before and after training
+    checkpoint_every: int = 10
     keep_checkpoints: int = 2
     resume: bool = False
     checkpoint: str | None = None  # mode=eval: the checkpoint to score (None: the base model)

@@ -33,7 +33,7 @@ def test_long_preset_overrides_the_default_job(compose_train):
     assert EXPERIMENTS == ["sql_long"]
     default = compose_train(["run_dir=/tmp/run"])
     long = compose_train(["+experiment=sql_long", "run_dir=/tmp/run"])
-    assert (default.num_steps, long.num_steps) == (15, 120)
+    assert (default.num_steps, long.num_steps) == (30, 120)
     assert long.prompts_per_step == 2 * default.prompts_per_step
     assert list(long.env.tasks.difficulties) == ["easy", "medium", "hard"]
     assert long.trainer.lr_schedule.value == "cosine" and long.trainer.lr == default.trainer.lr
