@@ -132,7 +132,7 @@ class TrainConfig:
     mode: Mode = Mode.train
     seed: int = 0
     num_steps: int = 30
-    prompts_per_step: int = 8  # GRPO groups per step; per rank under torchrun (TRL's per-device batch)
+    prompts_per_step: int = 4  # GRPO groups per step; per rank under torchrun (TRL's per-device batch)
     eval_every: int = 10  # 0: evaluate only before and after training
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
