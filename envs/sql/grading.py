@@ -80,13 +80,13 @@ def sql_fence_format(task: Mapping[str, Any], completion: str) -> float:
 
 def check_reward_args(no_sql_penalty: float, error_penalty: float, partial_weight: float) -> None:
     """Penalties are magnitudes (subtracted from the reward) and partial credit is a bonus: all >= 0."""
-    for name, value in [
-        ("no_sql_penalty", no_sql_penalty),
-        ("error_penalty", error_penalty),
-        ("partial_weight", partial_weight),
+    for name, value, why in [
+        ("no_sql_penalty", no_sql_penalty, "penalties are subtracted from the reward"),
+        ("error_penalty", error_penalty, "penalties are subtracted from the reward"),
+        ("partial_weight", partial_weight, "partial credit is added to the reward"),
     ]:
         if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}: penalties are subtracted from the reward")
+            raise ValueError(f"{name} must be >= 0, got {value}: {why}")
 
 
 def sql_rewards(
