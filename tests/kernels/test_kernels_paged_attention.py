@@ -1,6 +1,6 @@
-"""Paged attention, decode and prefill: the PyTorch reference and the Triton kernel against transformers'
-eager attention run on each sequence's dense K/V, with the cache pages scattered in random order and every
-unused cache position poisoned with NaN."""
+"""Paged attention, decode and prefill: the PyTorch reference, the Triton kernel and (decode, on CPU) the C
+kernel against transformers' eager attention run on each sequence's dense K/V, with the cache pages scattered
+in random order and every unused cache position poisoned with NaN."""
 
 from types import SimpleNamespace
 
@@ -11,9 +11,11 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 from kernels import use_backend
 from kernels.paged_attention import (
     paged_attention_decode,
+    paged_attention_decode_cpu,
     paged_attention_decode_triton,
     paged_attention_prefill,
 )
+from kernels.paged_decode_cpu import cpu_decode_supported
 
 NUM_KV_HEADS = 2
 SHAPES = [(bs, dim, group) for bs in (16, 32) for dim in (64, 128) for group in (1, 3, 4)]
@@ -61,14 +63,22 @@ def decode_expected(q, keys, values, group, scale):
     return torch.cat([hf_attention(q[s : s + 1], keys[s], values[s], group, scale) for s in range(len(keys))])
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize(("block_size", "head_dim", "group"), SHAPES)
-def test_decode_matches_hf_attention(backend, block_size, head_dim, group, gen, poison_allocations, request):
+def check_backend(backend, k_cache, num_heads, request) -> None:
+    """ "auto" on CPU tensors is the C kernel: it must have been built, or the test would check the reference
+    twice."""
     if backend == "triton":
         request.getfixturevalue("interpreter")
+    if backend == "auto":
+        assert cpu_decode_supported(k_cache, num_heads), "the C decode kernel did not build (see the warning)"
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
+@pytest.mark.parametrize(("block_size", "head_dim", "group"), SHAPES)
+def test_decode_matches_hf_attention(backend, block_size, head_dim, group, gen, poison_allocations, request):
     lens = [1, block_size, 2 * block_size + 5, 197]
     k_cache, v_cache, tables, context_lens, keys, values = build_cache(lens, block_size, head_dim, gen)
     q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, generator=gen)
+    check_backend(backend, k_cache, q.shape[1], request)
     scale = head_dim**-0.5
     with use_backend(backend):
         out = paged_attention_decode(q, k_cache, v_cache, tables, context_lens, scale)
@@ -87,19 +97,45 @@ def test_decode_split_kv_merge(num_splits, gen, interpreter, poison_allocations)
     torch.testing.assert_close(out, decode_expected(q, keys, values, 3, 0.125), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
 def test_decode_empty_context_gives_zeros(backend, gen, poison_allocations, request):
-    if backend == "triton":
-        request.getfixturevalue("interpreter")
     k_cache, v_cache, tables, _, keys, values = build_cache([5, 20], 16, 64, gen)
     context_lens = torch.tensor([0, 20], dtype=torch.int32)
     q = torch.randn(2, NUM_KV_HEADS, 64, generator=gen)
+    check_backend(backend, k_cache, q.shape[1], request)
     with use_backend(backend):
         out = paged_attention_decode(q, k_cache, v_cache, tables, context_lens, 0.125)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     torch.testing.assert_close(
         out[1:], hf_attention(q[1:], keys[1], values[1], 1, 0.125), atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    ("block_size", "head_dim", "group"),
+    [(8, 16, 1), (48, 48, 7), (16, 80, 2), (16, 176, 3), (32, 256, 1), (16, 64, 64)],
+)
+def test_c_decode_kernel_shapes(block_size, head_dim, group, gen, poison_allocations):
+    """The C kernel's other paths: blocks smaller and larger than its 16-token tile (48 splits into three),
+    head sizes compiled as constants and one that is not (176), and a group of 64 query heads per KV head."""
+    lens = [1, 15, 16, 17, block_size * 3 + 1, 130]
+    k_cache, v_cache, tables, context_lens, keys, values = build_cache(lens, block_size, head_dim, gen)
+    q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, generator=gen)
+    assert cpu_decode_supported(k_cache, q.shape[1])
+    out = paged_attention_decode_cpu(q, k_cache, v_cache, tables, context_lens, 0.3)
+    torch.testing.assert_close(out, decode_expected(q, keys, values, group, 0.3), atol=1e-5, rtol=1e-5)
+
+
+def test_c_decode_kernel_refuses_what_it_was_not_built_for(gen):
+    """A head size that is not a multiple of 16 stays on the PyTorch reference under "auto", and the C
+    launcher called directly says why it cannot take it."""
+    k_cache, v_cache, tables, context_lens, keys, values = build_cache([3, 40], 16, 72, gen)
+    q = torch.randn(2, NUM_KV_HEADS, 72, generator=gen)
+    assert not cpu_decode_supported(k_cache, q.shape[1])
+    out = paged_attention_decode(q, k_cache, v_cache, tables, context_lens, 0.2)
+    torch.testing.assert_close(out, decode_expected(q, keys, values, 1, 0.2), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="head_dim a multiple of 16"):
+        paged_attention_decode_cpu(q, k_cache, v_cache, tables, context_lens, 0.2)
 
 
 def prefill_case(block_size, head_dim, group, gen, device="cpu", dtype=torch.float32):

@@ -1,0 +1,166 @@
+/* Paged decode attention on CPU, fp32: each sequence's one query token attends to its cached tokens, read
+ * in place through its block table. The PyTorch reference copies every sequence's K/V out of the cache
+ * before attending; this reads each cached row once, where it lies.
+ *
+ * A work item is (sequence, KV head): the query heads of that KV head (its GQA group) share every K/V row
+ * it loads. Tokens are taken TILE at a time into an online softmax. The arithmetic is written in 16-float
+ * vectors (GCC/Clang vector extensions), which the compiler maps onto the machine's vector registers.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_GROUP 64 /* query heads per KV head */
+#define MAX_CHUNKS 16 /* head_dim up to 16 * MAX_CHUNKS, in chunks of 16 */
+#define TILE 16 /* cached tokens per online-softmax step: one vector of scores */
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+/* exp(x) of 16 values x <= 0 (or -inf), in vector arithmetic: n = floor(x / ln 2 + 1/2), r = x - n ln 2 in
+ * two parts (Cody-Waite), exp(r) by its Taylor series to r^7 (relative error under 1e-8 for |r| <= ln(2) / 2),
+ * times 2^n built in the exponent bits. Below -87 it gives 0. */
+static inline v16 exp16(v16 x) {
+    v16 t = x * 1.44269504088896341f + 0.5f;
+    i16 n = __builtin_convertvector(t, i16);
+    n += (i16)(__builtin_convertvector(n, v16) > t); /* truncation rounded negatives up: floor is one less */
+    n += (-126 - n) & (i16)(n < -126);
+    v16 nf = __builtin_convertvector(n, v16);
+    v16 r = x - nf * 0.693145751953125f - nf * 1.42860682030941723e-6f;
+    v16 p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    v16 value = p * (v16)((n + 127) << 23);
+    return (v16)((i16)value & (i16)(x >= -87.0f));
+}
+
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v); /* an unaligned load */
+    return v;
+}
+
+static inline float sum16(v16 v) {
+#if defined(__clang__) || __GNUC__ >= 12
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    v8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 f = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+    return (f[0] + f[2]) + (f[1] + f[3]);
+#else
+    float total = 0.0f;
+    for (int i = 0; i < 16; i++) total += v[i];
+    return total;
+#endif
+}
+
+/* The `group` query heads of one KV head (rows of q, q_head_stride apart) over the first context_len cached
+ * tokens of one sequence; k_cache and v_cache point at that KV head's row of cache token 0. head_dim is a
+ * multiple of 16 and at most 16 * MAX_CHUNKS; callers pass it as a constant where they can, so the loops over
+ * its chunks unroll and a head's accumulators stay in registers. */
+static inline __attribute__((always_inline)) void attend_kv_head(
+    const float *q, int64_t q_head_stride, const float *k_cache, const float *v_cache, const int32_t *table,
+    int context_len, int64_t cache_block_stride, int64_t cache_token_stride, int group, int head_dim,
+    int block_size, float scale, float *out) {
+    const int chunks = head_dim / 16;
+    v16 qs[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS];
+    float scores[MAX_GROUP][TILE];
+    float row_max[MAX_GROUP], row_sum[MAX_GROUP];
+    for (int g = 0; g < group; g++) {
+        for (int c = 0; c < chunks; c++) {
+            qs[g][c] = load16(q + g * q_head_stride + 16 * c) * scale;
+            acc[g][c] = (v16){0};
+        }
+        row_max[g] = -INFINITY;
+        row_sum[g] = 0.0f;
+    }
+    int position = 0;
+    while (position < context_len) {
+        int offset = position % block_size;
+        int count = block_size - offset < context_len - position ? block_size - offset : context_len - position;
+        count = count < TILE ? count : TILE;
+        const float *k_tile = k_cache + (int64_t)table[position / block_size] * cache_block_stride
+                              + offset * cache_token_stride;
+        const float *v_tile = v_cache + (k_tile - k_cache);
+        for (int g = 0; g < group; g++) {
+            float tile_max = row_max[g];
+            v16 tile = (v16){0} - INFINITY; /* tokens past count stay -inf and weigh 0 */
+            for (int t = 0; t < count; t++) {
+                const float *k = k_tile + t * cache_token_stride;
+                v16 even = qs[g][0] * load16(k), odd = (v16){0}; /* two chains of FMAs, not one */
+                for (int c = 1; c < chunks; c++) {
+                    if (c % 2) odd += qs[g][c] * load16(k + 16 * c);
+                    else even += qs[g][c] * load16(k + 16 * c);
+                }
+                tile[t] = sum16(even + odd);
+                tile_max = tile[t] > tile_max ? tile[t] : tile_max;
+            }
+            float alpha = exp16((v16){0} + (row_max[g] - tile_max))[0]; /* 0 on the first tile */
+            tile = exp16(tile - tile_max);
+            memcpy(scores[g], &tile, sizeof tile);
+            row_sum[g] = row_sum[g] * alpha + sum16(tile);
+            row_max[g] = tile_max;
+            v16 a[MAX_CHUNKS];
+            for (int c = 0; c < chunks; c++) a[c] = acc[g][c] * alpha;
+            for (int t = 0; t < count; t++) {
+                const float *v = v_tile + t * cache_token_stride;
+                for (int c = 0; c < chunks; c++) a[c] += scores[g][t] * load16(v + 16 * c);
+            }
+            for (int c = 0; c < chunks; c++) acc[g][c] = a[c];
+        }
+        position += count;
+    }
+    for (int g = 0; g < group; g++) {
+        float *o = out + g * head_dim;
+        if (row_sum[g] == 0.0f) { /* no context: the output is zeros */
+            memset(o, 0, sizeof(float) * head_dim);
+            continue;
+        }
+        float inv = 1.0f / row_sum[g];
+        for (int c = 0; c < chunks; c++) {
+            v16 value = acc[g][c] * inv;
+            memcpy(o + 16 * c, &value, sizeof value);
+        }
+    }
+}
+
+/* q [num_seqs, num_heads, head_dim] (head_dim contiguous); k_cache, v_cache [num_blocks, block_size,
+ * num_kv_heads, head_dim] contiguous; block_tables [num_seqs, table_stride] int32; context_lens [num_seqs]
+ * int32. Writes out [num_seqs, num_heads, head_dim], contiguous. Returns 0, or -1 when head_dim is not a
+ * multiple of 16 within the compiled limit or a KV head has more than MAX_GROUP query heads. */
+int paged_decode_f32(const float *q, int64_t q_seq_stride, int64_t q_head_stride, const float *k_cache,
+                     const float *v_cache, const int32_t *block_tables, int64_t table_stride,
+                     const int32_t *context_lens, float *out, int num_seqs, int num_heads, int num_kv_heads,
+                     int head_dim, int block_size, float scale) {
+    int group = num_heads / num_kv_heads;
+    if (head_dim % 16 || head_dim > 16 * MAX_CHUNKS || group > MAX_GROUP) return -1;
+    int64_t token_stride = (int64_t)num_kv_heads * head_dim;
+    int64_t block_stride = token_stride * block_size;
+    int64_t num_items = (int64_t)num_seqs * num_kv_heads;
+#pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t item = 0; item < num_items; item++) {
+        int s = (int)(item / num_kv_heads), kv_head = (int)(item % num_kv_heads), head = kv_head * group;
+        const float *qs = q + s * q_seq_stride + head * q_head_stride;
+        const float *ks = k_cache + kv_head * head_dim, *vs = v_cache + kv_head * head_dim;
+        const int32_t *table = block_tables + s * table_stride;
+        float *os = out + ((int64_t)s * num_heads + head) * head_dim;
+        switch (head_dim) { /* the common head sizes as constants */
+#define ATTEND(dim)                                                                                            \
+    case dim:                                                                                                  \
+        attend_kv_head(qs, q_head_stride, ks, vs, table, context_lens[s], block_stride, token_stride, group, dim, \
+                     block_size, scale, os);                                                                   \
+        break;
+            ATTEND(64) ATTEND(128) ATTEND(96) ATTEND(80) ATTEND(256) ATTEND(32)
+#undef ATTEND
+        default:
+            attend_kv_head(qs, q_head_stride, ks, vs, table, context_lens[s], block_stride, token_stride, group,
+                         head_dim, block_size, scale, os);
+        }
+    }
+    return 0;
+}

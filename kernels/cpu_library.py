@@ -1,0 +1,86 @@
+"""The C kernels of kernels/cpu/, built on first use with the machine's C compiler and loaded through ctypes.
+
+A library is compiled once per source, compiler and machine (with -march=native, so it uses the CPU's
+vector units) into a cache directory, and later processes load the cached file. OpenMP parallel loops share
+PyTorch's OpenMP runtime, so they use torch's threads (torch.set_num_threads) and no others. Without a
+compiler, or when a build fails, `load_library` warns once and returns None: the dispatchers then run the
+PyTorch references, which compute the same thing more slowly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).parent / "cpu"
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=gnu11"]
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: $PAGEDRL_KERNEL_CACHE, else ~/.cache/pagedrl/kernels."""
+    configured = os.environ.get("PAGEDRL_KERNEL_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "pagedrl" / "kernels"
+
+
+def _compiler() -> str | None:
+    candidates = [os.environ.get("CC"), "cc", "gcc", "clang"]
+    return next((path for path in map(shutil.which, filter(None, candidates)) if path), None)
+
+
+def _machine_key(compiler: str) -> str:
+    """What a -march=native build depends on besides its source: the compiler's version and the CPU."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    cpu_flags = ""
+    if Path("/proc/cpuinfo").exists():
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu_flags = next((line for line in lines if line.startswith("flags")), "")
+    return "\n".join((compiler, version, platform.machine(), cpu_flags))
+
+
+def _build(source: Path, compiler: str, target: Path) -> None:
+    """Compile `source` into `target` atomically (concurrent builders each write their own file first);
+    with OpenMP when the compiler has it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        errors = ""
+        for openmp in (["-fopenmp"], []):
+            command = [compiler, *_FLAGS, *openmp, "-o", str(built), str(source), "-lm"]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            if result.returncode == 0:
+                os.replace(built, target)
+                return
+            errors = result.stderr.strip()
+        raise RuntimeError(f"{' '.join(command)} failed:\n{errors}")
+
+
+@functools.cache
+def load_library(name: str) -> ctypes.CDLL | None:
+    """kernels/cpu/<name>.c as a loaded library, built first if this machine has no build of it yet; None
+    (after one warning) when it cannot be built."""
+    source = SOURCE_DIR / f"{name}.c"
+    compiler = _compiler()
+    try:
+        if compiler is None:
+            raise RuntimeError("no C compiler found (looked for $CC, cc, gcc and clang)")
+        digest = hashlib.sha256(source.read_bytes() + _machine_key(compiler).encode()).hexdigest()[:16]
+        target = cache_dir() / f"{name}-{digest}.so"
+        if not target.exists():
+            _build(source, compiler, target)
+        return ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        warnings.warn(
+            f"the CPU kernel {name} could not be built, so the slower PyTorch reference runs instead: "
+            f"{error}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
