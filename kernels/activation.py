@@ -6,6 +6,9 @@ import triton
 import triton.language as tl
 
 from kernels.backend import check_triton_device, use_triton
+from kernels.cpu_library import I32, I64, PTR, CpuKernel
+
+_silu_and_mul_c = CpuKernel("layer_ops", "silu_and_mul_f32", PTR, I64, PTR, I64, PTR, I32, I32)
 
 
 def silu_and_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -39,6 +42,17 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def silu_and_mul_cpu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """C launcher of silu_and_mul for fp32 CPU tensors (kernels/cpu/layer_ops.c); rows may be strided."""
+    if gate.stride(1) != 1 or up.stride(1) != 1:
+        gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty(gate.shape, dtype=torch.float32)
+    num_tokens, size = gate.shape
+    args = (gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), num_tokens, size)
+    _silu_and_mul_c(*args)
+    return out
+
+
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate, up `[num_tokens, intermediate]`."""
     if gate.shape != up.shape or gate.dim() != 2:
@@ -48,4 +62,6 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         )
     if use_triton(gate):
         return silu_and_mul_triton(gate, up)
+    if _silu_and_mul_c.available(gate, up):
+        return silu_and_mul_cpu(gate, up)
     return silu_and_mul_torch(gate, up)

@@ -1,5 +1,6 @@
-"""Backend choice shared by every kernel dispatcher: "auto" (Triton on CUDA tensors, PyTorch on CPU),
-"torch" (always the PyTorch reference) or "triton" (always the Triton kernel)."""
+"""Backend choice shared by every kernel dispatcher: "auto" (Triton on CUDA tensors; on CPU the C kernels of
+kernels/cpu for fp32 tensors when they could be built, else the PyTorch reference), "torch" (always the
+PyTorch reference) or "triton" (always the Triton kernel)."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -1,10 +1,10 @@
 """The C kernels of kernels/cpu/, built on first use with the machine's C compiler and loaded through ctypes.
 
-A library is compiled once per source, compiler and machine (with -march=native, so it uses the CPU's
-vector units) into a cache directory, and later processes load the cached file. OpenMP parallel loops share
-PyTorch's OpenMP runtime, so they use torch's threads (torch.set_num_threads) and no others. Without a
-compiler, or when a build fails, `load_library` warns once and returns None: the dispatchers then run the
-PyTorch references, which compute the same thing more slowly.
+A library is compiled once per source (with the shared headers), compiler and machine (with -march=native,
+so it uses the CPU's vector units) into a cache directory, and later processes load the cached file. OpenMP
+parallel loops share PyTorch's OpenMP runtime, so they use torch's threads (torch.set_num_threads) and no
+others. Without a compiler, or when a build fails, `load_library` warns once and returns None: the
+dispatchers then run the PyTorch references, which compute the same thing more slowly.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+
+import torch
+
+from kernels.backend import get_backend
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=gnu11"]
@@ -71,7 +75,9 @@ def load_library(name: str) -> ctypes.CDLL | None:
     try:
         if compiler is None:
             raise RuntimeError("no C compiler found (looked for $CC, cc, gcc and clang)")
-        digest = hashlib.sha256(source.read_bytes() + _machine_key(compiler).encode()).hexdigest()[:16]
+        headers = b"".join(path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h")))
+        key = source.read_bytes() + headers + _machine_key(compiler).encode()
+        digest = hashlib.sha256(key).hexdigest()[:16]
         target = cache_dir() / f"{name}-{digest}.so"
         if not target.exists():
             _build(source, compiler, target)
@@ -84,3 +90,36 @@ def load_library(name: str) -> ctypes.CDLL | None:
             stacklevel=2,
         )
         return None
+
+
+PTR, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+class CpuKernel:
+    """One C function of kernels/cpu/<library>.c, with its argument types (PTR, I64, I32, F32 ...)."""
+
+    def __init__(self, library: str, symbol: str, *argtypes: type) -> None:
+        self.library, self.symbol, self.argtypes = library, symbol, list(argtypes)
+
+    @functools.cached_property
+    def _function(self) -> ctypes._CFuncPtr | None:
+        library = load_library(self.library)
+        if library is None:
+            return None
+        function = getattr(library, self.symbol)
+        function.argtypes, function.restype = self.argtypes, ctypes.c_int
+        return function
+
+    def available(self, *tensors: torch.Tensor | None) -> bool:
+        """Whether it runs for these tensors (None ones aside): the "auto" kernel backend, fp32 CPU tensors,
+        and a library that could be built here."""
+        return (
+            get_backend() == "auto"
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors if t is not None)
+            and self._function is not None
+        )
+
+    def __call__(self, *args: int | float | None) -> int:
+        if self._function is None:
+            raise RuntimeError(f"the CPU kernel {self.library}.{self.symbol} cannot be built on this machine")
+        return self._function(*args)

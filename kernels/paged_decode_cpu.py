@@ -4,40 +4,28 @@ against the PyTorch reference, paged_attention_decode_torch."""
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
-from kernels.backend import get_backend
-from kernels.cpu_library import load_library
+from kernels.cpu_library import F32, I32, I64, PTR, CpuKernel
 
 # The limits kernels/cpu/paged_decode.c was compiled with: head_dim a multiple of 16 up to MAX_HEAD_DIM,
 # and up to MAX_GROUP query heads per KV head.
 MAX_HEAD_DIM, MAX_GROUP = 256, 64
 
-
-def _library() -> ctypes.CDLL | None:
-    library = load_library("paged_decode")
-    if library is not None and library.paged_decode_f32.argtypes is None:
-        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-        library.paged_decode_f32.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, *[i32] * 5]
-        library.paged_decode_f32.argtypes += [ctypes.c_float]
-    return library
+_paged_decode = CpuKernel(
+    "paged_decode", "paged_decode_f32", PTR, I64, I64, PTR, PTR, PTR, I64, PTR, PTR, *[I32] * 6, F32
+)
 
 
 def cpu_decode_supported(k_cache: torch.Tensor, num_heads: int) -> bool:
     """Whether the C kernel runs for num_heads query heads over this cache [num_blocks, block_size,
-    num_kv_heads, head_dim]: fp32 on CPU within its compiled limits, the "auto" kernel backend, and a
-    library that could be built here."""
+    num_kv_heads, head_dim]: an fp32 CPU cache within its compiled limits (see CpuKernel.available)."""
     head_dim, num_kv_heads = k_cache.shape[3], k_cache.shape[2]
     return (
-        get_backend() == "auto"
-        and k_cache.device.type == "cpu"
-        and k_cache.dtype == torch.float32
-        and head_dim % 16 == 0
+        head_dim % 16 == 0
         and head_dim <= MAX_HEAD_DIM
         and num_heads // num_kv_heads <= MAX_GROUP
-        and _library() is not None
+        and _paged_decode.available(k_cache)
     )
 
 
@@ -50,9 +38,6 @@ def paged_attention_decode_cpu(
     scale: float,
 ) -> torch.Tensor:
     """C launcher of paged_attention_decode for fp32 CPU tensors (see cpu_decode_supported)."""
-    library = _library()
-    if library is None:
-        raise RuntimeError("the C decode attention kernel could not be built on this machine")
     q = q.float() if q.stride(2) == 1 else q.float().contiguous()
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
@@ -60,7 +45,7 @@ def paged_attention_decode_cpu(
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1:3]
     out = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
-    status = library.paged_decode_f32(
+    status = _paged_decode(
         q.data_ptr(),
         q.stride(0),
         q.stride(1),
@@ -75,8 +60,11 @@ def paged_attention_decode_cpu(
         num_kv_heads,
         head_dim,
         block_size,
+        k_cache.shape[0],
         scale,
     )
+    if status == -2:
+        raise ValueError(f"a block table entry lies outside the cache's {k_cache.shape[0]} blocks")
     if status != 0:
         raise ValueError(
             f"the C decode attention kernel takes head_dim a multiple of 16 up to {MAX_HEAD_DIM} and up to "

@@ -5,6 +5,11 @@ import triton
 import triton.language as tl
 
 from kernels.backend import check_triton_device, use_triton
+from kernels.cpu_library import I32, I64, PTR, CpuKernel
+
+_reshape_and_cache_c = CpuKernel(
+    "layer_ops", "reshape_and_cache_f32", PTR, I64, I64, PTR, I64, I64, PTR, PTR, PTR, I64, I32, I32, I32
+)
 
 
 def reshape_and_cache_torch(
@@ -82,6 +87,38 @@ def reshape_and_cache_triton(
     )
 
 
+def reshape_and_cache_cpu(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """C launcher of reshape_and_cache for fp32 CPU tensors (kernels/cpu/layer_ops.c), skipping slots < 0."""
+    if key.stride(2) != 1 or value.stride(2) != 1:
+        key, value = key.contiguous(), value.contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    num_tokens, num_kv_heads, head_dim = key.shape
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    status = _reshape_and_cache_c(
+        key.data_ptr(),
+        key.stride(0),
+        key.stride(1),
+        value.data_ptr(),
+        value.stride(0),
+        value.stride(1),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        slots.data_ptr(),
+        num_slots,
+        num_tokens,
+        num_kv_heads,
+        head_dim,
+    )
+    if status != 0:
+        raise ValueError(f"slot_mapping holds a slot past the cache's {num_slots} slots")
+
+
 def reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -104,5 +141,7 @@ def reshape_and_cache(
         raise ValueError(f"slot_mapping must be [num_tokens={key.shape[0]}]; got {tuple(slot_mapping.shape)}")
     if use_triton(key):
         reshape_and_cache_triton(key, value, k_cache, v_cache, slot_mapping)
+    elif _reshape_and_cache_c.available(key, value, k_cache, v_cache):
+        reshape_and_cache_cpu(key, value, k_cache, v_cache, slot_mapping)
     else:
         reshape_and_cache_torch(key, value, k_cache, v_cache, slot_mapping)

@@ -5,6 +5,9 @@ import triton
 import triton.language as tl
 
 from kernels.backend import check_triton_device, use_triton
+from kernels.cpu_library import F32, I32, I64, PTR, CpuKernel
+
+_rms_norm_c = CpuKernel("layer_ops", "rms_norm_f32", PTR, I64, PTR, I64, PTR, PTR, PTR, I32, I32, F32)
 
 
 def rms_norm_torch(
@@ -84,6 +87,29 @@ def rms_norm_triton(
     return out if residual is None else (out, hidden)
 
 
+def rms_norm_cpu(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """C launcher of rms_norm for fp32 CPU tensors (kernels/cpu/layer_ops.c), one pass per row."""
+    x = x if x.stride(1) == 1 else x.contiguous()
+    residual = residual if residual is None or residual.stride(1) == 1 else residual.contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    hidden = None if residual is None else torch.empty(x.shape, dtype=torch.float32)
+    _rms_norm_c(
+        x.data_ptr(),
+        x.stride(0),
+        None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
+        weight.contiguous().data_ptr(),
+        out.data_ptr(),
+        None if hidden is None else hidden.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        eps,
+    )
+    return out if hidden is None else (out, hidden)
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -100,4 +126,6 @@ def rms_norm(
         )
     if use_triton(x):
         return rms_norm_triton(x, weight, eps, residual)
+    if _rms_norm_c.available(x, weight, residual):
+        return rms_norm_cpu(x, weight, eps, residual)
     return rms_norm_torch(x, weight, eps, residual)

@@ -5,6 +5,11 @@ import triton
 import triton.language as tl
 
 from kernels.backend import check_triton_device, use_triton
+from kernels.cpu_library import I32, I64, PTR, CpuKernel
+
+_rotary_c = CpuKernel(
+    "layer_ops", "rotary_embedding_f32", PTR, PTR, I64, I64, I32, PTR, I64, I64, I32, PTR, I64, I32, I32, I32
+)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,6 +113,37 @@ def rotary_embedding_triton(
     return q, k
 
 
+def rotary_embedding_cpu(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """C launcher of rotary_embedding for fp32 CPU tensors (kernels/cpu/layer_ops.c): rotates q and k in
+    place when their last dim is contiguous (else copies first), returns them."""
+    q = q if q.stride(2) == 1 else q.contiguous()
+    k = k if k.stride(2) == 1 else k.contiguous()
+    cache = cos_sin_cache.contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    num_tokens, num_heads, head_dim = q.shape
+    status = _rotary_c(
+        positions.data_ptr(),
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        num_heads,
+        k.data_ptr(),
+        k.stride(0),
+        k.stride(1),
+        k.shape[1],
+        cache.data_ptr(),
+        cache.stride(0),
+        cache.shape[0],
+        num_tokens,
+        head_dim,
+    )
+    if status != 0:
+        raise ValueError(f"positions must lie in [0, {cache.shape[0]}), the rows of cos_sin_cache")
+    return q, k
+
+
 def rotary_embedding(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,4 +165,6 @@ def rotary_embedding(
         raise ValueError(f"positions must be [num_tokens={q.shape[0]}]; got {tuple(positions.shape)}")
     if use_triton(q):
         return rotary_embedding_triton(positions, q, k, cos_sin_cache)
+    if _rotary_c.available(q, k, cos_sin_cache):
+        return rotary_embedding_cpu(positions, q, k, cos_sin_cache)
     return rotary_embedding_torch(positions, q, k, cos_sin_cache)

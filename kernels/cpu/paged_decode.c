@@ -10,54 +10,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vector.h"
+
 #define MAX_GROUP 64 /* query heads per KV head */
 #define MAX_CHUNKS 16 /* head_dim up to 16 * MAX_CHUNKS, in chunks of 16 */
 #define TILE 16 /* cached tokens per online-softmax step: one vector of scores */
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16 __attribute__((vector_size(64)));
-
-/* exp(x) of 16 values x <= 0 (or -inf), in vector arithmetic: n = floor(x / ln 2 + 1/2), r = x - n ln 2 in
- * two parts (Cody-Waite), exp(r) by its Taylor series to r^7 (relative error under 1e-8 for |r| <= ln(2) / 2),
- * times 2^n built in the exponent bits. Below -87 it gives 0. */
-static inline v16 exp16(v16 x) {
-    v16 t = x * 1.44269504088896341f + 0.5f;
-    i16 n = __builtin_convertvector(t, i16);
-    n += (i16)(__builtin_convertvector(n, v16) > t); /* truncation rounded negatives up: floor is one less */
-    n += (-126 - n) & (i16)(n < -126);
-    v16 nf = __builtin_convertvector(n, v16);
-    v16 r = x - nf * 0.693145751953125f - nf * 1.42860682030941723e-6f;
-    v16 p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    v16 value = p * (v16)((n + 127) << 23);
-    return (v16)((i16)value & (i16)(x >= -87.0f));
-}
-
-static inline v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v); /* an unaligned load */
-    return v;
-}
-
-static inline float sum16(v16 v) {
-#if defined(__clang__) || __GNUC__ >= 12
-    typedef float v8 __attribute__((vector_size(32)));
-    typedef float v4 __attribute__((vector_size(16)));
-    v8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 f = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
-    return (f[0] + f[2]) + (f[1] + f[3]);
-#else
-    float total = 0.0f;
-    for (int i = 0; i < 16; i++) total += v[i];
-    return total;
-#endif
-}
 
 /* The `group` query heads of one KV head (rows of q, q_head_stride apart) over the first context_len cached
  * tokens of one sequence; k_cache and v_cache point at that KV head's row of cache token 0. head_dim is a
@@ -131,14 +88,18 @@ static inline __attribute__((always_inline)) void attend_kv_head(
 
 /* q [num_seqs, num_heads, head_dim] (head_dim contiguous); k_cache, v_cache [num_blocks, block_size,
  * num_kv_heads, head_dim] contiguous; block_tables [num_seqs, table_stride] int32; context_lens [num_seqs]
- * int32. Writes out [num_seqs, num_heads, head_dim], contiguous. Returns 0, or -1 when head_dim is not a
- * multiple of 16 within the compiled limit or a KV head has more than MAX_GROUP query heads. */
+ * int32. Writes out [num_seqs, num_heads, head_dim], contiguous. Returns 0; -1 when head_dim is not a
+ * multiple of 16 within the compiled limit or a KV head has more than MAX_GROUP query heads; -2 when a block
+ * table entry a context needs is not a block of the cache. */
 int paged_decode_f32(const float *q, int64_t q_seq_stride, int64_t q_head_stride, const float *k_cache,
                      const float *v_cache, const int32_t *block_tables, int64_t table_stride,
                      const int32_t *context_lens, float *out, int num_seqs, int num_heads, int num_kv_heads,
-                     int head_dim, int block_size, float scale) {
+                     int head_dim, int block_size, int num_blocks, float scale) {
     int group = num_heads / num_kv_heads;
     if (head_dim % 16 || head_dim > 16 * MAX_CHUNKS || group > MAX_GROUP) return -1;
+    for (int s = 0; s < num_seqs; s++)
+        for (int b = 0; b < (context_lens[s] + block_size - 1) / block_size; b++)
+            if (block_tables[s * table_stride + b] < 0 || block_tables[s * table_stride + b] >= num_blocks) return -2;
     int64_t token_stride = (int64_t)num_kv_heads * head_dim;
     int64_t block_stride = token_stride * block_size;
     int64_t num_items = (int64_t)num_seqs * num_kv_heads;

@@ -58,3 +58,17 @@ def poison_allocations(monkeypatch: pytest.MonkeyPatch) -> None:
             return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
 
         monkeypatch.setattr(torch, name, poisoned)
+
+
+@pytest.fixture(params=["torch", "triton", "auto"])
+def kernel_backend(request) -> str:
+    """Each kernel backend in turn: the PyTorch reference, Triton (on CPU under the interpreter), and "auto",
+    which on CPU tensors runs the C kernels; those must have been built, or "auto" would test the reference
+    a second time."""
+    if request.param == "triton":
+        request.getfixturevalue("interpreter")
+    if request.param == "auto" and not torch.cuda.is_available():
+        from kernels.cpu_library import load_library
+
+        assert load_library("layer_ops") is not None, "the C kernels did not build (see the warning)"
+    return request.param

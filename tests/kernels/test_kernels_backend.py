@@ -1,4 +1,5 @@
-"""The backend switch: auto picks the reference for CPU tensors, forcing works, bad names are refused."""
+"""The backend switch: auto picks the C kernel for fp32 CPU tensors and the reference for other CPU tensors,
+forcing works, bad names are refused."""
 
 import pytest
 import torch
@@ -8,17 +9,19 @@ import kernels.backend
 import kernels.rms_norm
 
 
-def test_auto_uses_reference_on_cpu_and_triton_when_forced(monkeypatch):
+def test_auto_uses_c_then_reference_on_cpu_and_triton_when_forced(monkeypatch):
     calls = []
     monkeypatch.setattr(kernels.rms_norm, "rms_norm_triton", lambda *args: calls.append("triton"))
+    monkeypatch.setattr(kernels.rms_norm, "rms_norm_cpu", lambda *args: calls.append("c"))
     monkeypatch.setattr(kernels.rms_norm, "rms_norm_torch", lambda *args: calls.append("torch"))
     x, weight = torch.ones(2, 4), torch.ones(4)
     kernels.rms_norm.rms_norm(x, weight, 1e-6)
+    kernels.rms_norm.rms_norm(x.bfloat16(), weight.bfloat16(), 1e-6)  # the C kernels are fp32 only
     with kernels.use_backend("triton"):
         kernels.rms_norm.rms_norm(x, weight, 1e-6)
     with kernels.use_backend("torch"):
         kernels.rms_norm.rms_norm(x, weight, 1e-6)
-    assert calls == ["torch", "triton", "torch"]
+    assert calls == ["c", "torch", "triton", "torch"]
     assert kernels.get_backend() == "auto"
 
 

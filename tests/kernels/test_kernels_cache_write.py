@@ -29,18 +29,24 @@ def expected_cache(cache, new, slots):
     return out
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(("num_kv_heads", "head_dim"), [(1, 64), (3, 128)])
-def test_writes_each_token_to_its_slot(backend, block_size, num_kv_heads, head_dim, gen, request):
-    if backend == "triton":
-        request.getfixturevalue("interpreter")
+def test_writes_each_token_to_its_slot(kernel_backend, block_size, num_kv_heads, head_dim, gen):
     key, value, k_cache, v_cache, slots = make_case(block_size, num_kv_heads, head_dim, gen)
     want_k, want_v = expected_cache(k_cache, key, slots), expected_cache(v_cache, value, slots)
-    with use_backend(backend):
+    with use_backend(kernel_backend):
         reshape_and_cache(key, value, k_cache, v_cache, slots)
     torch.testing.assert_close(k_cache, want_k, atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(v_cache, want_v, atol=0, rtol=0, equal_nan=True)
+
+
+def test_rejects_a_slot_past_the_cache(gen):
+    key, value, k_cache, v_cache, slots = make_case(16, 2, 64, gen)
+    slots[7] = k_cache.shape[0] * k_cache.shape[1]
+    before = k_cache.clone()
+    with pytest.raises((ValueError, IndexError, RuntimeError), match="past the cache|out of|index"):
+        reshape_and_cache(key, value, k_cache, v_cache, slots)
+    torch.testing.assert_close(k_cache, before, atol=0, rtol=0, equal_nan=True)  # nothing written
 
 
 def test_rejects_mismatched_cache(gen):

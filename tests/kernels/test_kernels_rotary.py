@@ -34,16 +34,23 @@ def make_case(head_dim, gen, dtype=torch.float32):
     return positions, q, k, cos_sin_cache, want_q[0].transpose(0, 1), want_k[0].transpose(0, 1)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_rotary_matches_hf(backend, head_dim, gen, request):
-    if backend == "triton":
-        request.getfixturevalue("interpreter")
+def test_rotary_matches_hf(kernel_backend, head_dim, gen):
     positions, q, k, cache, want_q, want_k = make_case(head_dim, gen)
-    with use_backend(backend):
+    with use_backend(kernel_backend):
         out_q, out_k = rotary_embedding(positions, q, k, cache)
     torch.testing.assert_close(out_q, want_q, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out_k, want_k, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("position", [-1, MAX_POSITIONS])
+def test_rotary_rejects_a_position_past_the_cache(position, gen):
+    positions, q, k, cache, _, _ = make_case(64, gen)
+    positions[3] = position
+    q_before = q.clone()
+    with pytest.raises((ValueError, IndexError), match="positions must lie in|out of bounds"):
+        rotary_embedding(positions, q, k, cache)
+    assert torch.equal(q, q_before)  # nothing rotated
 
 
 def test_rotary_rejects_mismatched_cache(gen):
