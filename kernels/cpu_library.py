@@ -29,9 +29,9 @@ _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPI
 
 
 def cache_dir() -> Path:
-    """Where built libraries live: $PAGEDRL_KERNEL_CACHE, else ~/.cache/pagedrl/kernels."""
-    configured = os.environ.get("PAGEDRL_KERNEL_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "pagedrl" / "kernels"
+    """Where built libraries live: kernels/ under $PAGEDRL_CACHE (default ~/.cache/pagedrl), beside the
+    converted default model."""
+    return Path(os.environ.get("PAGEDRL_CACHE", Path.home() / ".cache" / "pagedrl")) / "kernels"
 
 
 def _compiler() -> str | None:

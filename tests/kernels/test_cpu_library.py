@@ -12,9 +12,9 @@ from kernels.cpu_library import load_library
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """An empty build cache, and no library loaded yet in this process (restored afterwards)."""
-    monkeypatch.setenv("PAGEDRL_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("PAGEDRL_CACHE", str(tmp_path))
     load_library.cache_clear()
-    yield tmp_path
+    yield tmp_path / "kernels"
     monkeypatch.undo()
     load_library.cache_clear()
 
