@@ -26,7 +26,6 @@ static inline __attribute__((always_inline)) void attend_kv_head(
     int block_size, float scale, float *out) {
     const int chunks = head_dim / 16;
     v16 qs[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS];
-    float scores[MAX_GROUP][TILE];
     float row_max[MAX_GROUP], row_sum[MAX_GROUP];
     for (int g = 0; g < group; g++) {
         for (int c = 0; c < chunks; c++) {
@@ -59,14 +58,15 @@ static inline __attribute__((always_inline)) void attend_kv_head(
             }
             float alpha = exp16((v16){0} + (row_max[g] - tile_max))[0]; /* 0 on the first tile */
             tile = exp16(tile - tile_max);
-            memcpy(scores[g], &tile, sizeof tile);
+            float weights[TILE];
+            memcpy(weights, &tile, sizeof tile);
             row_sum[g] = row_sum[g] * alpha + sum16(tile);
             row_max[g] = tile_max;
             v16 a[MAX_CHUNKS];
             for (int c = 0; c < chunks; c++) a[c] = acc[g][c] * alpha;
             for (int t = 0; t < count; t++) {
                 const float *v = v_tile + t * cache_token_stride;
-                for (int c = 0; c < chunks; c++) a[c] += scores[g][t] * load16(v + 16 * c);
+                for (int c = 0; c < chunks; c++) a[c] += weights[t] * load16(v + 16 * c);
             }
             for (int c = 0; c < chunks; c++) acc[g][c] = a[c];
         }
