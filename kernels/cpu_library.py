@@ -122,4 +122,8 @@ class CpuKernel:
     def __call__(self, *args: int | float | None) -> int:
         if self._function is None:
             raise RuntimeError(f"the CPU kernel {self.library}.{self.symbol} cannot be built on this machine")
-        return self._function(*args)
+        if not torch.autograd._profiler_enabled():
+            return self._function(*args)
+        # Named in torch.profiler's tables, which see only torch's own ops (checked first: 15 us a call).
+        with torch.profiler.record_function(f"cpu::{self.symbol}"):
+            return self._function(*args)

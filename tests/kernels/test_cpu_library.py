@@ -1,12 +1,15 @@
-"""Building the C kernels: a build is cached per source and machine, and a machine that cannot build one
-gets a warning and the PyTorch references, never an error."""
+"""Building the C kernels: a build is cached per source and machine, a machine that cannot build one gets a
+warning and the PyTorch references, never an error, and profiles name the kernels."""
 
 import shutil
 
 import pytest
+import torch
+from torch.profiler import profile
 
 from kernels import cpu_library
 from kernels.cpu_library import load_library
+from kernels.rms_norm import rms_norm
 
 
 @pytest.fixture
@@ -41,3 +44,11 @@ def test_no_compiler_warns_and_falls_back(fresh_cache, monkeypatch):
     monkeypatch.setattr(cpu_library, "_compiler", lambda: None)
     with pytest.warns(RuntimeWarning, match="no C compiler found"):
         assert load_library("paged_decode") is None
+
+
+def test_profiler_tables_name_the_c_kernels():
+    """torch.profiler sees only torch's ops; a C kernel call under it is recorded by its symbol."""
+    x, weight = torch.randn(4, 32), torch.ones(32)
+    with profile() as prof:
+        rms_norm(x, weight, 1e-6)
+    assert "cpu::rms_norm_f32" in [event.key for event in prof.key_averages()]
