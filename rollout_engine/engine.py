@@ -12,13 +12,12 @@ from torch import nn
 from tqdm import tqdm
 
 from rollout_engine.block_manager import BlockManager
-from rollout_engine.cuda_graphs import measure_graph_bytes
 from rollout_engine.lora import LoraAdapter, lora_layers
-from rollout_engine.memory import activation_bytes, kv_bytes_per_block, num_kv_blocks, total_memory_bytes
+from rollout_engine.memory import plan_kv_pool, total_memory_bytes
 from rollout_engine.model_runner import ModelRunner, order_for_step
 from rollout_engine.models import build_paged_model, unwrap_model
 from rollout_engine.outputs import Completion, GroupResult
-from rollout_engine.profiling import profile_activation_bytes
+from rollout_engine.requests import check_prompt, params_per_prompt
 from rollout_engine.sampler import SamplingBatch, sample
 from rollout_engine.sampling_params import SamplingParams
 from rollout_engine.scheduler import ScheduledSeq, Scheduler
@@ -63,42 +62,23 @@ class LLMEngine:
         self.model = build_paged_model(model, self.max_model_len, self.lora)
         weight = self.model.embed_tokens.weight
         self.vocab_size = weight.shape[0]
-        budget = int(memory_fraction * total_memory_bytes(weight.device, memory_budget_bytes))
-        if weight.device.type == "cuda":
-            act = profile_activation_bytes(
-                self.model,
-                block_size,
-                weight.dtype,
-                weight.device,
-                max_num_batched_tokens,
-                max_num_seqs,
-                self.max_model_len,
-            )
-        else:
-            act = activation_bytes(
-                max_num_batched_tokens,
-                max_num_seqs,
-                config.hidden_size,
-                config.intermediate_size,
-                self.vocab_size,
-                weight.dtype,
-            )
-        per_block = kv_bytes_per_block(
-            self.model.num_layers, block_size, self.model.num_kv_heads, self.model.head_dim, weight.dtype
-        )
-        # Decode steps replay CUDA graphs unless enforce_eager; their memory is measured before the KV pool
-        # is sized, so it comes out of the same budget.
+        # Decode steps replay CUDA graphs unless enforce_eager; their memory comes out of the same budget.
         use_graphs = weight.device.type == "cuda" and not enforce_eager
-        max_blocks_per_seq = -(-self.max_model_len // block_size)
-        graph_bytes = (
-            measure_graph_bytes(self.model, block_size, max_num_seqs, max_blocks_per_seq) if use_graphs else 0
+        num_blocks, graph_bytes = plan_kv_pool(
+            self.model,
+            config,
+            block_size,
+            int(memory_fraction * total_memory_bytes(weight.device, memory_budget_bytes)),
+            max_num_seqs,
+            max_num_batched_tokens,
+            self.max_model_len,
+            use_graphs,
         )
-        num_blocks = num_kv_blocks(budget, act, per_block, self.max_model_len, block_size, graph_bytes)
         self.block_manager = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, block_size, weight.dtype, weight.device)
         if use_graphs:
-            self.runner.capture_graphs(max_num_seqs, max_blocks_per_seq)
+            self.runner.capture_graphs(max_num_seqs, -(-self.max_model_len // block_size))
         self.cuda_graph_bytes_reserved = graph_bytes
         self.tokenizer = tokenizer
         self._requests: dict[int, _Request] = {}
@@ -118,25 +98,13 @@ class LLMEngine:
                 "raise max_num_seqs or lower n"
             )
         StopChecker(params, self.tokenizer)
-        if isinstance(prompt_token_ids, (str, int)) or not all(isinstance(t, int) for t in prompt_token_ids):
-            raise ValueError("each prompt must be a list of token ids (ints); tokenize text first")
-        if len(prompt_token_ids) == 0:
-            raise ValueError("empty prompt: every prompt needs at least one token")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt of {len(prompt_token_ids)} tokens leaves no room to generate within max_model_len="
-                f"{self.max_model_len}; shorten the prompt or raise max_model_len"
-            )
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size}), the model's vocabulary")
+        check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """Queue one prompt for params.n samples; returns its request id."""
         self._validate_request(prompt_token_ids, params)
-        if self.lora is None and params.lora is not None:
-            params = dataclasses.replace(
-                params, lora=None
-            )  # no adapter: every request samples the base model
+        if self.lora is None and params.lora is not None:  # no adapter: every request samples the base model
+            params = dataclasses.replace(params, lora=None)
         request_id = self._next_request_id
         self._next_request_id += 1
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
@@ -271,12 +239,7 @@ class LLMEngine:
         """Check every prompt and its params before any is queued, so bad input leaves no trace."""
         if self.scheduler.has_unfinished():
             raise ValueError("requests from add_request are still running: step() them to the end first")
-        if prompt_token_ids and isinstance(prompt_token_ids[0], int):
-            raise ValueError("generate takes a list of prompts (token id lists); wrap one prompt as [ids]")
-        params = params if params is not None else SamplingParams()
-        params_list = params if isinstance(params, list) else [params] * len(prompt_token_ids)
-        if len(params_list) != len(prompt_token_ids):
-            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompt_token_ids)} prompts")
+        params_list = params_per_prompt(prompt_token_ids, params)
         for prompt, p in zip(prompt_token_ids, params_list, strict=True):
             self._validate_request(prompt, p)
         return params_list

@@ -12,6 +12,11 @@ from __future__ import annotations
 import os
 
 import torch
+from transformers import PretrainedConfig
+
+from rollout_engine.cuda_graphs import measure_graph_bytes
+from rollout_engine.models import PagedDecoder
+from rollout_engine.profiling import profile_activation_bytes
 
 
 def kv_bytes_per_block(
@@ -70,3 +75,32 @@ def num_kv_blocks(
             "for the CUDA graphs, max_num_seqs, or pass enforce_eager=True)"
         )
     return num_blocks
+
+
+def plan_kv_pool(
+    model: PagedDecoder,
+    config: PretrainedConfig,
+    block_size: int,
+    budget_bytes: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    use_graphs: bool,
+) -> tuple[int, int]:
+    """(number of KV blocks, bytes reserved for CUDA graphs) for the paged `model` under `budget_bytes`:
+    activations measured on CUDA and estimated on CPU, graphs measured by a trial capture when used."""
+    weight = model.embed_tokens.weight
+    device, dtype = weight.device, weight.dtype
+    if device.type == "cuda":
+        act = profile_activation_bytes(
+            model, block_size, dtype, device, max_num_batched_tokens, max_num_seqs, max_model_len
+        )
+    else:
+        sizes = (config.hidden_size, config.intermediate_size, weight.shape[0])
+        act = activation_bytes(max_num_batched_tokens, max_num_seqs, *sizes, dtype)
+    per_block = kv_bytes_per_block(model.num_layers, block_size, model.num_kv_heads, model.head_dim, dtype)
+    max_blocks_per_seq = -(-max_model_len // block_size)
+    graph_bytes = 0
+    if use_graphs:
+        graph_bytes = measure_graph_bytes(model, block_size, max_num_seqs, max_blocks_per_seq)
+    return num_kv_blocks(budget_bytes, act, per_block, max_model_len, block_size, graph_bytes), graph_bytes

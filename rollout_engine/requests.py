@@ -1,0 +1,35 @@
+"""Checking what callers hand the engine: token-id prompts, and the SamplingParams that go with them."""
+
+from __future__ import annotations
+
+from rollout_engine.sampling_params import SamplingParams
+
+
+def check_prompt(prompt_token_ids: list[int], max_model_len: int, vocab_size: int) -> None:
+    """ValueError naming the problem when a prompt is not a non-empty list of in-vocabulary token ids that
+    leaves room to generate within max_model_len."""
+    if isinstance(prompt_token_ids, (str, int)) or not all(isinstance(t, int) for t in prompt_token_ids):
+        raise ValueError("each prompt must be a list of token ids (ints); tokenize text first")
+    if len(prompt_token_ids) == 0:
+        raise ValueError("empty prompt: every prompt needs at least one token")
+    if len(prompt_token_ids) >= max_model_len:
+        raise ValueError(
+            f"prompt of {len(prompt_token_ids)} tokens leaves no room to generate within max_model_len="
+            f"{max_model_len}; shorten the prompt or raise max_model_len"
+        )
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab_size}), the model's vocabulary")
+
+
+def params_per_prompt(
+    prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt: `params` repeated (defaults when None), or the list given, which must
+    match the prompts one for one."""
+    if prompt_token_ids and isinstance(prompt_token_ids[0], int):
+        raise ValueError("generate takes a list of prompts (token id lists); wrap one prompt as [ids]")
+    params = params if params is not None else SamplingParams()
+    params_list = params if isinstance(params, list) else [params] * len(prompt_token_ids)
+    if len(params_list) != len(prompt_token_ids):
+        raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompt_token_ids)} prompts")
+    return params_list
