@@ -78,7 +78,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, block_size, weight.dtype, weight.device)
         if use_graphs:
-            self.runner.capture_graphs(max_num_seqs, -(-self.max_model_len // block_size))
+            self.runner.capture_graphs(max_num_seqs, self.block_manager.num_blocks_for(self.max_model_len))
         self.cuda_graph_bytes_reserved = graph_bytes
         self.tokenizer = tokenizer
         self._requests: dict[int, _Request] = {}
