@@ -20,7 +20,7 @@ from rollout_engine.outputs import Completion, GroupResult
 from rollout_engine.requests import check_prompt, params_per_prompt
 from rollout_engine.sampler import SamplingBatch, sample
 from rollout_engine.sampling_params import SamplingParams
-from rollout_engine.scheduler import ScheduledSeq, Scheduler
+from rollout_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from rollout_engine.sequence import Sequence
 from rollout_engine.stopping import StopChecker
 
@@ -127,6 +127,11 @@ class LLMEngine:
             self._next_seq_id, request_id, token_ids, num_prompt_tokens, params, rngs, sample_index
         )
 
+    def abort_request(self, request_id: int) -> None:
+        """Drop a request's samples and free their KV blocks; an unknown or finished id is ignored."""
+        self._requests.pop(request_id, None)
+        self.scheduler.abort(request_id)
+
     def has_unfinished(self) -> bool:
         """Whether any added request still has samples running or waiting."""
         return self.scheduler.has_unfinished()
@@ -134,10 +139,22 @@ class LLMEngine:
     # stepping
 
     def step(self) -> list[GroupResult]:
-        """Run one scheduled batch; returns the groups that finished in it."""
+        """Run one scheduled batch; returns the groups that finished in it.
+
+        A step that raises aborts the requests it was running, whose state it left half-updated, and
+        re-raises; the engine goes on serving every other request.
+        """
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
+        try:
+            return self._run(out)
+        except BaseException:
+            for request_id in {item.seq.request_id for item in out.scheduled}:
+                self.abort_request(request_id)
+            raise
+
+    def _run(self, out: SchedulerOutput) -> list[GroupResult]:
         self.runner.copy_blocks(out.copies)
         items = order_for_step(out.scheduled)
         rows_per_item = [item.seq.num_samples_at_next_token if item.samples else 0 for item in items]
@@ -217,21 +234,37 @@ class LLMEngine:
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[GroupResult]:
-        """Sample params.n completions for every prompt; one GroupResult per prompt, in order."""
+        """Sample params.n completions for every prompt; one GroupResult per prompt, in order.
+
+        Each prompt is a list of token ids (tokenize text first; a tensor of ids is refused: pass
+        tensor.tolist()). Everything is checked before anything is queued, and when a step raises (or the
+        run is interrupted) every request of this call is aborted first, so the engine stays usable.
+        """
         params_list = self._validate_batch(prompt_token_ids, params)
-        pairs = zip(prompt_token_ids, params_list, strict=True)
-        request_ids = [self.add_request(prompt, p) for prompt, p in pairs]
-        results: dict[int, GroupResult] = {}
-        bar = tqdm(total=sum(p.n for p in params_list), desc="rollout", unit="sample", disable=not use_tqdm)
-        start, start_tokens = time.perf_counter(), self.num_generated_tokens
-        while len(results) < len(request_ids):
-            for group in self.step():
-                results[group.request_id] = group
-                bar.update(len(group.samples))
-            rate = (self.num_generated_tokens - start_tokens) / max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
-        bar.close()
+        request_ids: list[int] = []
+        try:
+            for prompt, p in zip(prompt_token_ids, params_list, strict=True):
+                request_ids.append(self.add_request(prompt, p))
+            results = self._run_to_completion(len(request_ids), sum(p.n for p in params_list), use_tqdm)
+        except BaseException:
+            for request_id in request_ids:
+                self.abort_request(request_id)
+            raise
         return [results[request_id] for request_id in request_ids]
+
+    def _run_to_completion(
+        self, num_requests: int, num_samples: int, use_tqdm: bool
+    ) -> dict[int, GroupResult]:
+        results: dict[int, GroupResult] = {}
+        start, start_tokens = time.perf_counter(), self.num_generated_tokens
+        with tqdm(total=num_samples, desc="rollout", unit="sample", disable=not use_tqdm) as bar:
+            while len(results) < num_requests:
+                for group in self.step():
+                    results[group.request_id] = group
+                    bar.update(len(group.samples))
+                rate = (self.num_generated_tokens - start_tokens) / max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
+        return results
 
     def _validate_batch(
         self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+# Below this a temperature is greedy in all but name, and logits / T overflow fp32 long before T reaches
+# fp32's smallest values (T = 1e-40 turns the softmax into NaN). vLLM treats T < 1e-5 as greedy.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(slots=True)
@@ -30,20 +35,64 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the bad field and the accepted range."""
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"SamplingParams.n must be an int >= 1 (samples per prompt), got {self.n!r}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1] (1 disables it), got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"SamplingParams.top_k must be -1 (disabled) or >= 1, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
-        if isinstance(self.stop, str):
-            raise ValueError("SamplingParams.stop must be a list of strings, e.g. stop=['</sql>']")
-        if self.lora not in ("policy", None):
-            raise ValueError(
-                f"SamplingParams.lora must be 'policy' or None (the base model), got {self.lora!r}"
-            )
+        """Raise ValueError naming the bad field and the values it accepts (bools are not ints here)."""
+        _require(is_plain_int(self.n) and self.n >= 1, "n", "an int >= 1 (samples per prompt)", self.n)
+        _require(
+            _is_real(self.temperature)
+            and (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf),
+            "temperature",
+            f"0 (greedy) or a finite number >= {MIN_TEMPERATURE}",
+            self.temperature,
+        )
+        _require(
+            _is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1] (1 disables it)", self.top_p
+        )
+        _require(
+            is_plain_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1),
+            "top_k",
+            "-1 (disabled) or an int >= 1",
+            self.top_k,
+        )
+        _require(
+            is_plain_int(self.max_tokens) and self.max_tokens >= 1,
+            "max_tokens",
+            "an int >= 1",
+            self.max_tokens,
+        )
+        _require(
+            self.seed is None or is_plain_int(self.seed),
+            "seed",
+            "an int, or None for a random one",
+            self.seed,
+        )
+        _require(
+            self.stop_token_ids is None or _is_list_of(self.stop_token_ids, is_plain_int),
+            "stop_token_ids",
+            "a list of token ids (ints), [] for none, or None for the tokenizer's EOS",
+            self.stop_token_ids,
+        )
+        _require(
+            self.stop is None or _is_list_of(self.stop, lambda s: isinstance(s, str) and s != ""),
+            "stop",
+            "a list of non-empty strings, e.g. stop=['</sql>'], or None",
+            self.stop,
+        )
+        _require(self.lora in ("policy", None), "lora", "'policy' or None (the base model)", self.lora)
+
+
+def is_plain_int(value) -> bool:
+    """An int that is not a bool (True would pass for 1 otherwise)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_list_of(value, is_item) -> bool:
+    return isinstance(value, (list, tuple)) and all(is_item(item) for item in value)
+
+
+def _require(ok: bool, field: str, accepted: str, value) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams.{field} must be {accepted}, got {value!r}")

@@ -119,6 +119,12 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
 
+    def abort(self, request_id: int) -> None:
+        """Drop every sequence of a request, running or waiting, freeing the blocks of the running ones."""
+        for seq in [seq for seq in self.running if seq.request_id == request_id]:
+            self.finish(seq)
+        self.waiting = deque(seq for seq in self.waiting if seq.request_id != request_id)
+
     def fork(self, parent: Sequence, children: list[Sequence]) -> None:
         """Run children right after parent, sharing all of parent's blocks."""
         index = self.running.index(parent)

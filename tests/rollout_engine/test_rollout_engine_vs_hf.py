@@ -1,6 +1,7 @@
 """The engine against transformers on tiny random Llama / Qwen2 / Qwen3 models (fp32): greedy tokens,
 sampled-token logprobs, shared weights, peft wrapping, seeds, and bad input."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from transformers import AutoModelForCausalLM, GPT2Config, Qwen2Config
 sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
+import rollout_engine.engine as engine_module  # noqa: E402
 from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
+from rollout_engine.sampling_params import MIN_TEMPERATURE  # noqa: E402
 
 FAMILIES = ["llama", "qwen2", "qwen3"]
 LENGTHS = [3, 11, 17, 6, 30]
@@ -114,6 +117,14 @@ def _fields(params: SamplingParams) -> dict:
     return {name: getattr(params, name) for name in SamplingParams.__slots__}
 
 
+def _changed_after_construction(**changes) -> SamplingParams:
+    """SamplingParams made valid and then edited, which the engine must check again when it is handed them."""
+    params = SamplingParams(temperature=0, max_tokens=4)
+    for name, value in changes.items():
+        setattr(params, name, value)
+    return params
+
+
 @pytest.mark.parametrize(
     "prompts, params, match",
     [
@@ -123,31 +134,111 @@ def _fields(params: SamplingParams) -> dict:
         ([1, 2, 3], SamplingParams(), "list of prompts"),
         ([[1, 2]], SamplingParams(stop=["x"]), "tokenizer"),
         ([[1, 2]], SamplingParams(n=17), "max_num_seqs"),
+        ([[True, 2]], SamplingParams(), "list of token ids .*holding True"),
+        ([torch.tensor([1, 2])], SamplingParams(), r"got a Tensor.*\.tolist\(\)"),
+        (torch.tensor([[1, 2]]), SamplingParams(), r"list of prompts.*got a Tensor.*\.tolist\(\)"),
+        ("a prompt", SamplingParams(), "list of prompts.*got a str.*tokenize text first"),
+        ([[1, 2]], {"temperature": 0}, "must be a SamplingParams"),
+        ([[1, 2]], _changed_after_construction(temperature=float("nan")), "temperature"),
+        ([[1, 2]], _changed_after_construction(max_tokens=2.5), "max_tokens"),
     ],
 )
 def test_bad_input_is_rejected_and_the_engine_keeps_working(llama, prompts, params, match):
     engine = make_engine(llama)
+    # A bad prompt comes after a good one, which must not be left queued.
+    batch = (
+        [[5, 6, 7], *prompts] if isinstance(prompts, list) and not isinstance(prompts[0], int) else prompts
+    )
     with pytest.raises(ValueError, match=match):
-        engine.generate([[5, 6, 7], *prompts] if isinstance(prompts[0], list) else prompts, params)
+        engine.generate(batch, params)
     assert not engine.has_unfinished() and engine.stats()["num_blocks_used"] == 0
     (group,) = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, stop_token_ids=[]))
     assert group.samples[0].token_ids == hf_greedy(llama, [5, 6, 7], 4)
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "field, value",
     [
-        (dict(n=0), "n must be"),
-        (dict(top_p=0.0), "top_p"),
-        (dict(top_p=1.5), "top_p"),
-        (dict(top_k=0), "top_k"),
-        (dict(temperature=-1.0), "temperature"),
-        (dict(max_tokens=0), "max_tokens"),
+        ("n", 0),
+        ("n", True),  # a bool is not a count, though Python calls it an int
+        ("n", 2.0),
+        ("temperature", -1.0),
+        ("temperature", float("nan")),  # used to crash the sampler with an IndexError
+        ("temperature", float("inf")),
+        ("temperature", 1e-40),  # logits / T overflow to inf, and the softmax to NaN
+        ("temperature", "hot"),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", float("nan")),
+        ("top_p", "0.9"),
+        ("top_k", 0),
+        ("top_k", -2),
+        ("top_k", 2.0),
+        ("max_tokens", 0),
+        ("max_tokens", 2.5),  # used to be accepted, and made 3 tokens
+        ("max_tokens", True),
+        ("seed", "abc"),
+        ("seed", 1.5),
+        ("stop_token_ids", 5),
+        ("stop_token_ids", [2, "3"]),
+        ("stop", "</sql>"),
+        ("stop", [""]),  # the empty string is in every text: it used to end every completion at one token
+        ("stop", ["</sql>", 3]),
+        ("lora", "other"),
     ],
 )
-def test_bad_sampling_params_are_rejected(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        SamplingParams(**kwargs)
+def test_bad_sampling_params_are_rejected_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field} must be .*got {re.escape(repr(value))}"):
+        SamplingParams(**{field: value})
+
+
+def test_sampling_params_at_the_edges_of_their_ranges_are_accepted():
+    SamplingParams(n=1, temperature=0, top_p=1, top_k=-1, max_tokens=1, seed=-3, stop_token_ids=[], stop=None)
+    SamplingParams(temperature=MIN_TEMPERATURE, top_p=1e-9, top_k=1, seed=0, stop_token_ids=(2,), stop=("x",))
+    SamplingParams(temperature=2, lora=None)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a kernel failed"), KeyboardInterrupt()])
+def test_a_step_that_raises_leaves_the_engine_serving(llama, monkeypatch, error):
+    engine = make_engine(llama)
+    real_sample, calls = engine_module.sample, []
+
+    def sample_failing_on_the_third_step(logits, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise error
+        return real_sample(logits, batch)
+
+    monkeypatch.setattr(engine_module, "sample", sample_failing_on_the_third_step)
+    prompts = random_prompts([5, 9, 20], seed=9)
+    with pytest.raises(type(error)):
+        engine.generate(prompts, SamplingParams(n=3, max_tokens=6, seed=0, stop_token_ids=[]))
+    assert not engine.has_unfinished() and engine.stats()["num_blocks_used"] == 0
+    greedy = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=[])
+    for prompt, group in zip(prompts, engine.generate(prompts, greedy), strict=True):
+        assert group.samples[0].token_ids == hf_greedy(llama, prompt, 6)
+
+
+def test_a_failed_step_aborts_only_the_requests_it_was_running(llama, monkeypatch):
+    engine = make_engine(llama, max_num_seqs=1)  # one sequence runs at a time: the second request waits
+    greedy = SamplingParams(temperature=0, max_tokens=5, stop_token_ids=[])
+    first, second = random_prompts([6, 10], seed=10)
+    engine.add_request(first, greedy)
+    waiting_id = engine.add_request(second, greedy)
+
+    def failing_sample(logits, batch):
+        raise RuntimeError("a kernel failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine_module, "sample", failing_sample)
+        with pytest.raises(RuntimeError, match="a kernel failed"):
+            engine.step()
+    finished = []
+    while engine.has_unfinished():
+        finished.extend(engine.step())
+    assert [group.request_id for group in finished] == [waiting_id]
+    assert finished[0].samples[0].token_ids == hf_greedy(llama, second, 5)
+    assert engine.stats()["num_blocks_used"] == 0
 
 
 def test_unsupported_architecture_is_rejected():
@@ -174,3 +265,19 @@ def test_sliding_window_attention_is_rejected():
 def test_budget_too_small_for_one_sequence_fails_at_start_up(llama):
     with pytest.raises(ValueError, match="raise memory_fraction or memory_budget_bytes"):
         make_engine(llama, memory_budget_bytes=2**16)
+
+
+def test_abort_request_frees_a_running_group_and_the_other_requests_finish(llama):
+    engine = make_engine(llama)
+    first, second = random_prompts([9, 5], seed=11)
+    aborted = engine.add_request(first, SamplingParams(n=3, max_tokens=8, seed=0, stop_token_ids=[]))
+    kept = engine.add_request(second, SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[]))
+    engine.step()  # both prompts prefill; the first forks into 3 samples sharing its blocks
+    engine.step()
+    engine.abort_request(aborted)
+    finished = []
+    while engine.has_unfinished():
+        finished.extend(engine.step())
+    assert [group.request_id for group in finished] == [kept]
+    assert finished[0].samples[0].token_ids == hf_greedy(llama, second, 8)
+    assert engine.stats()["num_blocks_used"] == 0
