@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from tqdm import tqdm
 
 from rollout_engine.block_manager import BlockManager
 from rollout_engine.lora import LoraAdapter, lora_layers
-from rollout_engine.memory import plan_kv_pool, total_memory_bytes
+from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
 from rollout_engine.model_runner import ModelRunner, order_for_step
 from rollout_engine.models import build_paged_model, unwrap_model
 from rollout_engine.outputs import Completion, GroupResult
@@ -23,6 +24,8 @@ from rollout_engine.sampling_params import SamplingParams
 from rollout_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from rollout_engine.sequence import Sequence
 from rollout_engine.stopping import StopChecker
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -64,11 +67,12 @@ class LLMEngine:
         self.vocab_size = weight.shape[0]
         # Decode steps replay CUDA graphs unless enforce_eager; their memory comes out of the same budget.
         use_graphs = weight.device.type == "cuda" and not enforce_eager
+        total_bytes = total_memory_bytes(weight.device, memory_budget_bytes)
         num_blocks, graph_bytes = plan_kv_pool(
             self.model,
             config,
             block_size,
-            int(memory_fraction * total_memory_bytes(weight.device, memory_budget_bytes)),
+            int(memory_fraction * total_bytes),
             max_num_seqs,
             max_num_batched_tokens,
             self.max_model_len,
@@ -80,6 +84,13 @@ class LLMEngine:
         if use_graphs:
             self.runner.capture_graphs(max_num_seqs, self.block_manager.num_blocks_for(self.max_model_len))
         self.cuda_graph_bytes_reserved = graph_bytes
+        source = memory_source(weight.device, memory_budget_bytes)
+        kv_bytes = self.runner.kv_bytes_total
+        logger.info(
+            kv_pool_report(
+                num_blocks, block_size, kv_bytes, graph_bytes, memory_fraction, total_bytes, source
+            )
+        )
         self.tokenizer = tokenizer
         self._requests: dict[int, _Request] = {}
         self._next_request_id = 0

@@ -35,6 +35,36 @@ def total_memory_bytes(device: torch.device, memory_budget_bytes: int | None) ->
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def memory_source(device: torch.device, memory_budget_bytes: int | None) -> str:
+    """What total_memory_bytes measured, in words for the start-up report."""
+    if memory_budget_bytes is not None:
+        return "memory_budget_bytes"
+    return f"{device} memory" if device.type == "cuda" else "system RAM"
+
+
+def _format_bytes(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def kv_pool_report(
+    num_blocks: int,
+    block_size: int,
+    kv_bytes: int,
+    graph_bytes: int,
+    memory_fraction: float,
+    total_bytes: int,
+    source: str,
+) -> str:
+    """The line the engine logs at start-up: the KV pool it reserved and the budget that sized it."""
+    graphs = f" and {_format_bytes(graph_bytes)} for CUDA graphs" if graph_bytes else ""
+    return (
+        f"KV pool: {num_blocks} blocks x {block_size} tokens = {kv_bytes} bytes ({_format_bytes(kv_bytes)})"
+        f"{graphs}, from memory_fraction={memory_fraction} x {_format_bytes(total_bytes)} of {source} = "
+        f"{_format_bytes(int(memory_fraction * total_bytes))}, less one step's activations; pass a smaller "
+        "memory_fraction or memory_budget_bytes to reserve less"
+    )
+
+
 def activation_bytes(
     max_num_batched_tokens: int,
     max_num_seqs: int,

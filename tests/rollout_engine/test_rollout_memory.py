@@ -1,9 +1,16 @@
-"""KV pool sizing from the memory fraction, worked by hand."""
+"""KV pool sizing from the memory fraction, worked by hand, and the start-up line that reports it."""
+
+import logging
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from rollout_engine.memory import kv_bytes_per_block, num_kv_blocks, total_memory_bytes
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rollout_tiny_models import make_engine, make_tiny_model  # noqa: E402
 
 
 def test_bytes_per_block_of_smollm2_shape():
@@ -20,3 +27,14 @@ def test_blocks_fill_the_budget_left_after_activations():
 def test_budget_below_one_max_model_len_sequence_is_a_clear_error():
     with pytest.raises(ValueError, match="max_model_len=64 tokens needs 16 blocks"):
         num_kv_blocks(15 * 100 + 5000, 5000, 100, max_model_len=64, block_size=4)
+
+
+def test_the_engine_logs_the_kv_pool_it_reserved_and_the_budget_it_came_from(caplog):
+    with caplog.at_level(logging.INFO, logger="rollout_engine"):
+        engine = make_engine(make_tiny_model("llama"), block_size=4, memory_budget_bytes=2**26)
+    (line,) = [record.getMessage() for record in caplog.records if record.name == "rollout_engine.engine"]
+    # 2 (K and V) x 2 layers x 4 tokens x 2 KV heads x 16 dims x 4 bytes = 2048 bytes a block
+    num_blocks = engine.stats()["num_blocks_total"]
+    assert f"KV pool: {num_blocks} blocks x 4 tokens = {num_blocks * 2048} bytes" in line
+    assert "from memory_fraction=0.35 x 64.0 MiB of memory_budget_bytes = 22.4 MiB" in line
+    assert "pass a smaller memory_fraction or memory_budget_bytes" in line
