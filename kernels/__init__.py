@@ -1,5 +1,6 @@
-"""Kernels of the rollout engine: each op has a Triton kernel, a PyTorch reference and a dispatcher; the
-decode layer's ops also have a C kernel for fp32 CPU tensors (kernels/cpu, built by cpu_library)."""
+"""Kernels of the rollout engine: each op has a Triton kernel (defined only where triton is installed), a
+PyTorch reference and a dispatcher; the decode layer's ops also have a C kernel for fp32 CPU tensors
+(kernels/cpu, built by cpu_library)."""
 
 from kernels.backend import get_backend, set_backend, use_backend
 

@@ -2,11 +2,13 @@
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
-from kernels.backend import check_triton_device, use_triton
+from kernels.backend import HAS_TRITON, check_triton_device, use_triton
 from kernels.cpu_library import I32, I64, PTR, CpuKernel
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
 
 _silu_and_mul_c = CpuKernel("layer_ops", "silu_and_mul_f32", PTR, I64, PTR, I64, PTR, I32, I32)
 
@@ -16,17 +18,19 @@ def silu_and_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate.float()) * up.float()).to(gate.dtype)
 
 
-@triton.jit
-def _silu_and_mul_kernel(
-    gate_ptr, up_ptr, out_ptr, size, stride_gate, stride_up, stride_out, BLOCK: tl.constexpr
-):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < size
-    gate = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(up_ptr + row * stride_up + cols, mask=mask, other=0.0).to(tl.float32)
-    out = gate * tl.sigmoid(gate) * up
-    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+if HAS_TRITON:
+
+    @triton.jit
+    def _silu_and_mul_kernel(
+        gate_ptr, up_ptr, out_ptr, size, stride_gate, stride_up, stride_out, BLOCK: tl.constexpr
+    ):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < size
+        gate = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(up_ptr + row * stride_up + cols, mask=mask, other=0.0).to(tl.float32)
+        out = gate * tl.sigmoid(gate) * up
+        tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

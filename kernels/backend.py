@@ -1,17 +1,31 @@
 """Backend choice shared by every kernel dispatcher: "auto" (Triton on CUDA tensors; on CPU the C kernels of
 kernels/cpu for fp32 tensors when they could be built, else the PyTorch reference), "torch" (always the
-PyTorch reference) or "triton" (always the Triton kernel)."""
+PyTorch reference) or "triton" (always the Triton kernel).
+
+triton is optional: pyproject installs it only on Linux x86_64, so on a Mac or an ARM machine the kernel
+modules define no Triton kernels (each guards them with `if HAS_TRITON:`) and "auto" runs the C kernels or
+the PyTorch reference, on CUDA tensors too."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-import triton
 
+try:
+    import triton
+except ImportError:
+    triton = None
+
+HAS_TRITON = triton is not None
 BACKENDS = ("auto", "torch", "triton")
 
 # Decided when the Triton kernels are decorated: triton reads TRITON_INTERPRET at @triton.jit time.
-INTERPRETED = bool(triton.knobs.runtime.interpret)
+INTERPRETED = HAS_TRITON and bool(triton.knobs.runtime.interpret)
+
+_NO_TRITON = (
+    "triton is not installed (pyproject installs it on Linux x86_64 only): use the torch backend "
+    "(kernels.set_backend('torch') or 'auto'), or pip install triton where it is available"
+)
 
 _backend = "auto"
 
@@ -21,6 +35,8 @@ def set_backend(name: str) -> None:
     global _backend
     if name not in BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "triton" and not HAS_TRITON:
+        raise RuntimeError(_NO_TRITON)
     _backend = name
 
 
@@ -43,12 +59,14 @@ def use_backend(name: str) -> Iterator[None]:
 def use_triton(tensor: torch.Tensor) -> bool:
     """Whether a dispatcher should launch the Triton kernel for inputs living where `tensor` lives."""
     if _backend == "auto":
-        return tensor.is_cuda
+        return HAS_TRITON and tensor.is_cuda
     return _backend == "triton"
 
 
 def check_triton_device(tensor: torch.Tensor) -> None:
-    """Triton runs CUDA tensors, or CPU tensors only under the interpreter."""
+    """Triton is installed, and runs CUDA tensors, or CPU tensors only under the interpreter."""
+    if not HAS_TRITON:
+        raise RuntimeError(_NO_TRITON)
     if tensor.is_cuda or (INTERPRETED and tensor.device.type == "cpu"):
         return
     raise RuntimeError(

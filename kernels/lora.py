@@ -19,10 +19,12 @@ import functools
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
-from kernels.backend import check_triton_device, dot_precision, use_triton
+from kernels.backend import HAS_TRITON, check_triton_device, dot_precision, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
 
 
 def lora_shrink_torch(x: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:
@@ -40,112 +42,114 @@ def lora_expand_torch(
     return y.add_(delta)
 
 
-@triton.jit
-def _lora_shrink_kernel(
-    x_ptr,
-    a_ptr,
-    h_ptr,
-    num_tokens,
-    in_features,
-    rank,
-    scale,
-    split_len,
-    stride_x,
-    stride_a,
-    stride_h_split,
-    stride_h,
-    SPLIT: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ranks = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    split = tl.program_id(2)
-    row_ok = rows < num_tokens
-    rank_ok = ranks < rank
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
-    a_rows = a_ptr + ranks.to(tl.int64)[:, None] * stride_a
-    end = tl.minimum((split + 1) * split_len, in_features)
-    acc = tl.zeros((BLOCK_T, BLOCK_R), dtype=tl.float32)
-    for start in range(split * split_len, end, BLOCK_K):
-        cols = start + tl.arange(0, BLOCK_K)
-        col_ok = cols < end
-        x = tl.load(x_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        a = tl.load(a_rows + cols[None, :], mask=rank_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(a), input_precision=DOT_PRECISION)  # [BLOCK_T, BLOCK_R]
-    h_ptrs = h_ptr + split * stride_h_split + rows.to(tl.int64)[:, None] * stride_h + ranks[None, :]
-    if SPLIT:  # an fp32 partial sum, reduced by _lora_reduce_kernel
-        tl.store(h_ptrs, acc, mask=row_ok[:, None] & rank_ok[None, :])
-    else:
-        tl.store(h_ptrs, (acc * scale).to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & rank_ok[None, :])
+if HAS_TRITON:
 
-
-@triton.jit
-def _lora_reduce_kernel(
-    partial_ptr,
-    h_ptr,
-    num_tokens,
-    rank,
-    num_splits,
-    scale,
-    stride_p_split,
-    stride_p,
-    stride_h,
-    BLOCK_T: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-):
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ranks = tl.arange(0, BLOCK_R)
-    tile_ok = (rows < num_tokens)[:, None] & (ranks < rank)[None, :]
-    partials = partial_ptr + rows.to(tl.int64)[:, None] * stride_p + ranks[None, :]
-    acc = tl.zeros((BLOCK_T, BLOCK_R), dtype=tl.float32)
-    for split in range(num_splits):  # a fixed order: the sum is the same every run
-        acc += tl.load(partials + split * stride_p_split, mask=tile_ok, other=0.0)
-    h = (acc * scale).to(h_ptr.dtype.element_ty)
-    tl.store(h_ptr + rows.to(tl.int64)[:, None] * stride_h + ranks[None, :], h, mask=tile_ok)
-
-
-@triton.jit
-def _lora_expand_kernel(
-    h_ptr,
-    b_ptr,
-    y_ptr,
-    mask_ptr,
-    num_tokens,
-    out_features,
-    rank,
-    stride_h,
-    stride_b,
-    stride_y,
-    stride_mask,
-    HAS_MASK: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < num_tokens
-    col_ok = cols < out_features
-    h_rows = h_ptr + rows.to(tl.int64)[:, None] * stride_h
-    b_rows = b_ptr + cols.to(tl.int64)[:, None] * stride_b
-    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    for start in range(0, rank, BLOCK_R):
-        ranks = start + tl.arange(0, BLOCK_R)
+    @triton.jit
+    def _lora_shrink_kernel(
+        x_ptr,
+        a_ptr,
+        h_ptr,
+        num_tokens,
+        in_features,
+        rank,
+        scale,
+        split_len,
+        stride_x,
+        stride_a,
+        stride_h_split,
+        stride_h,
+        SPLIT: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        ranks = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+        split = tl.program_id(2)
+        row_ok = rows < num_tokens
         rank_ok = ranks < rank
-        h = tl.load(h_rows + ranks[None, :], mask=row_ok[:, None] & rank_ok[None, :], other=0.0)
-        b = tl.load(b_rows + ranks[None, :], mask=col_ok[:, None] & rank_ok[None, :], other=0.0)
-        acc += tl.dot(h, tl.trans(b), input_precision=DOT_PRECISION)  # [BLOCK_T, BLOCK_N]
-    if HAS_MASK:
-        keep = tl.load(mask_ptr + rows.to(tl.int64) * stride_mask, mask=row_ok, other=0.0)
-        acc = acc * keep.to(tl.float32)[:, None]
-    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_y + cols[None, :]
-    tile_ok = row_ok[:, None] & col_ok[None, :]
-    y = tl.load(y_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptrs, (y + acc).to(y_ptr.dtype.element_ty), mask=tile_ok)
+        x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
+        a_rows = a_ptr + ranks.to(tl.int64)[:, None] * stride_a
+        end = tl.minimum((split + 1) * split_len, in_features)
+        acc = tl.zeros((BLOCK_T, BLOCK_R), dtype=tl.float32)
+        for start in range(split * split_len, end, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
+            col_ok = cols < end
+            x = tl.load(x_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            a = tl.load(a_rows + cols[None, :], mask=rank_ok[:, None] & col_ok[None, :], other=0.0)
+            acc += tl.dot(x, tl.trans(a), input_precision=DOT_PRECISION)  # [BLOCK_T, BLOCK_R]
+        h_ptrs = h_ptr + split * stride_h_split + rows.to(tl.int64)[:, None] * stride_h + ranks[None, :]
+        if SPLIT:  # an fp32 partial sum, reduced by _lora_reduce_kernel
+            tl.store(h_ptrs, acc, mask=row_ok[:, None] & rank_ok[None, :])
+        else:
+            tl.store(
+                h_ptrs, (acc * scale).to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & rank_ok[None, :]
+            )
+
+    @triton.jit
+    def _lora_reduce_kernel(
+        partial_ptr,
+        h_ptr,
+        num_tokens,
+        rank,
+        num_splits,
+        scale,
+        stride_p_split,
+        stride_p,
+        stride_h,
+        BLOCK_T: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        ranks = tl.arange(0, BLOCK_R)
+        tile_ok = (rows < num_tokens)[:, None] & (ranks < rank)[None, :]
+        partials = partial_ptr + rows.to(tl.int64)[:, None] * stride_p + ranks[None, :]
+        acc = tl.zeros((BLOCK_T, BLOCK_R), dtype=tl.float32)
+        for split in range(num_splits):  # a fixed order: the sum is the same every run
+            acc += tl.load(partials + split * stride_p_split, mask=tile_ok, other=0.0)
+        h = (acc * scale).to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + rows.to(tl.int64)[:, None] * stride_h + ranks[None, :], h, mask=tile_ok)
+
+    @triton.jit
+    def _lora_expand_kernel(
+        h_ptr,
+        b_ptr,
+        y_ptr,
+        mask_ptr,
+        num_tokens,
+        out_features,
+        rank,
+        stride_h,
+        stride_b,
+        stride_y,
+        stride_mask,
+        HAS_MASK: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < num_tokens
+        col_ok = cols < out_features
+        h_rows = h_ptr + rows.to(tl.int64)[:, None] * stride_h
+        b_rows = b_ptr + cols.to(tl.int64)[:, None] * stride_b
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        for start in range(0, rank, BLOCK_R):
+            ranks = start + tl.arange(0, BLOCK_R)
+            rank_ok = ranks < rank
+            h = tl.load(h_rows + ranks[None, :], mask=row_ok[:, None] & rank_ok[None, :], other=0.0)
+            b = tl.load(b_rows + ranks[None, :], mask=col_ok[:, None] & rank_ok[None, :], other=0.0)
+            acc += tl.dot(h, tl.trans(b), input_precision=DOT_PRECISION)  # [BLOCK_T, BLOCK_N]
+        if HAS_MASK:
+            keep = tl.load(mask_ptr + rows.to(tl.int64) * stride_mask, mask=row_ok, other=0.0)
+            acc = acc * keep.to(tl.float32)[:, None]
+        y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_y + cols[None, :]
+        tile_ok = row_ok[:, None] & col_ok[None, :]
+        y = tl.load(y_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptrs, (y + acc).to(y_ptr.dtype.element_ty), mask=tile_ok)
 
 
 MIN_TILES_PER_SPLIT = 4  # BLOCK_K tiles of input features per split: fewer would not pay for the reduction

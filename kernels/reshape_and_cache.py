@@ -1,11 +1,13 @@
 """Writing new keys and values into the paged KV cache through a slot mapping."""
 
 import torch
-import triton
-import triton.language as tl
 
-from kernels.backend import check_triton_device, use_triton
+from kernels.backend import HAS_TRITON, check_triton_device, use_triton
 from kernels.cpu_library import I32, I64, PTR, CpuKernel
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
 
 _reshape_and_cache_c = CpuKernel(
     "layer_ops", "reshape_and_cache_f32", PTR, I64, I64, PTR, I64, I64, PTR, PTR, PTR, I64, I32, I32, I32
@@ -27,35 +29,37 @@ def reshape_and_cache_torch(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value[keep].to(v_cache.dtype))
 
 
-@triton.jit
-def _reshape_and_cache_kernel(
-    key_ptr,
-    value_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_mapping_ptr,
-    num_kv_heads,
-    head_dim,
-    stride_key_token,
-    stride_key_head,
-    stride_value_token,
-    stride_value_head,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    token = tl.program_id(0)
-    slot = tl.load(slot_mapping_ptr + token)
-    if slot < 0:
-        return
-    heads = tl.arange(0, BLOCK_H)[:, None]
-    dims = tl.arange(0, BLOCK_D)[None, :]
-    mask = (heads < num_kv_heads) & (dims < head_dim)
-    key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=mask)
-    value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=mask)
-    # The cache is contiguous: a slot's row starts at slot * heads * dim.
-    offsets = slot.to(tl.int64) * num_kv_heads * head_dim + heads * head_dim + dims
-    tl.store(k_cache_ptr + offsets, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + offsets, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
+if HAS_TRITON:
+
+    @triton.jit
+    def _reshape_and_cache_kernel(
+        key_ptr,
+        value_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        slot_mapping_ptr,
+        num_kv_heads,
+        head_dim,
+        stride_key_token,
+        stride_key_head,
+        stride_value_token,
+        stride_value_head,
+        BLOCK_H: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        slot = tl.load(slot_mapping_ptr + token)
+        if slot < 0:
+            return
+        heads = tl.arange(0, BLOCK_H)[:, None]
+        dims = tl.arange(0, BLOCK_D)[None, :]
+        mask = (heads < num_kv_heads) & (dims < head_dim)
+        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=mask)
+        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=mask)
+        # The cache is contiguous: a slot's row starts at slot * heads * dim.
+        offsets = slot.to(tl.int64) * num_kv_heads * head_dim + heads * head_dim + dims
+        tl.store(k_cache_ptr + offsets, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + offsets, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def reshape_and_cache_triton(

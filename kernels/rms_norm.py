@@ -1,11 +1,13 @@
 """RMSNorm as in HF LlamaRMSNorm, optionally fused with the residual add that precedes it."""
 
 import torch
-import triton
-import triton.language as tl
 
-from kernels.backend import check_triton_device, use_triton
+from kernels.backend import HAS_TRITON, check_triton_device, use_triton
 from kernels.cpu_library import F32, I32, I64, PTR, CpuKernel
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
 
 _rms_norm_c = CpuKernel("layer_ops", "rms_norm_f32", PTR, I64, PTR, I64, PTR, PTR, PTR, I32, I32, F32)
 
@@ -22,36 +24,38 @@ def rms_norm_torch(
     return out if residual is None else (out, hidden)
 
 
-@triton.jit
-def _rms_norm_kernel(
-    x_ptr,
-    residual_ptr,
-    weight_ptr,
-    out_ptr,
-    hidden_ptr,
-    size,
-    eps,
-    stride_x,
-    stride_residual,
-    stride_out,
-    stride_hidden,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < size
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        residual = tl.load(residual_ptr + row * stride_residual + cols, mask=mask, other=0.0)
-        # Round the sum to the input dtype first, as the unfused model does.
-        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(hidden_ptr + row * stride_hidden + cols, x, mask=mask)
-    x32 = x.to(tl.float32)
-    variance = tl.sum(x32 * x32, axis=0) / size
-    normed = (x32 * tl.rsqrt(variance + eps)).to(x_ptr.dtype.element_ty).to(tl.float32)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+if HAS_TRITON:
+
+    @triton.jit
+    def _rms_norm_kernel(
+        x_ptr,
+        residual_ptr,
+        weight_ptr,
+        out_ptr,
+        hidden_ptr,
+        size,
+        eps,
+        stride_x,
+        stride_residual,
+        stride_out,
+        stride_hidden,
+        HAS_RESIDUAL: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < size
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            residual = tl.load(residual_ptr + row * stride_residual + cols, mask=mask, other=0.0)
+            # Round the sum to the input dtype first, as the unfused model does.
+            x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            tl.store(hidden_ptr + row * stride_hidden + cols, x, mask=mask)
+        x32 = x.to(tl.float32)
+        variance = tl.sum(x32 * x32, axis=0) / size
+        normed = (x32 * tl.rsqrt(variance + eps)).to(x_ptr.dtype.element_ty).to(tl.float32)
+        weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * stride_out + cols, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm_triton(

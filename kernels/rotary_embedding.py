@@ -1,11 +1,13 @@
 """Rotary position embedding in the NeoX / HF "rotate_half" style of Llama and Qwen."""
 
 import torch
-import triton
-import triton.language as tl
 
-from kernels.backend import check_triton_device, use_triton
+from kernels.backend import HAS_TRITON, check_triton_device, use_triton
 from kernels.cpu_library import I32, I64, PTR, CpuKernel
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
 
 _rotary_c = CpuKernel(
     "layer_ops", "rotary_embedding_f32", PTR, PTR, I64, I64, I32, PTR, I64, I64, I32, PTR, I64, I32, I32, I32
@@ -26,60 +28,63 @@ def rotary_embedding_torch(
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
-@triton.jit
-def _rotate_heads(
-    x_ptr,
-    stride_token,
-    stride_head,
-    token,
-    cos,
-    sin,
-    num_heads,
-    half,
-    BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-):
-    heads = tl.arange(0, BLOCK_H)[:, None]
-    cols = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = (heads < num_heads) & (cols < half)
-    ptr1 = x_ptr + token * stride_token + heads * stride_head + cols
-    x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(ptr1 + half, mask=mask, other=0.0).to(tl.float32)
-    tl.store(ptr1, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(ptr1 + half, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
+if HAS_TRITON:
 
+    @triton.jit
+    def _rotate_heads(
+        x_ptr,
+        stride_token,
+        stride_head,
+        token,
+        cos,
+        sin,
+        num_heads,
+        half,
+        BLOCK_H: tl.constexpr,
+        BLOCK_HALF: tl.constexpr,
+    ):
+        heads = tl.arange(0, BLOCK_H)[:, None]
+        cols = tl.arange(0, BLOCK_HALF)[None, :]
+        mask = (heads < num_heads) & (cols < half)
+        ptr1 = x_ptr + token * stride_token + heads * stride_head + cols
+        x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(ptr1 + half, mask=mask, other=0.0).to(tl.float32)
+        tl.store(ptr1, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=mask)
+        tl.store(ptr1 + half, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
 
-@triton.jit
-def _rotary_kernel(
-    positions_ptr,
-    q_ptr,
-    k_ptr,
-    cache_ptr,
-    num_heads,
-    num_kv_heads,
-    half,
-    stride_q_token,
-    stride_q_head,
-    stride_k_token,
-    stride_k_head,
-    stride_cache,
-    BLOCK_H: tl.constexpr,
-    BLOCK_KV_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-):
-    token = tl.program_id(0)
-    position = tl.load(positions_ptr + token)
-    cols = tl.arange(0, BLOCK_HALF)
-    cos = tl.load(cache_ptr + position * stride_cache + cols, mask=cols < half, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + position * stride_cache + half + cols, mask=cols < half, other=0.0).to(
-        tl.float32
-    )
-    cos = cos[None, :]
-    sin = sin[None, :]
-    _rotate_heads(q_ptr, stride_q_token, stride_q_head, token, cos, sin, num_heads, half, BLOCK_H, BLOCK_HALF)
-    _rotate_heads(
-        k_ptr, stride_k_token, stride_k_head, token, cos, sin, num_kv_heads, half, BLOCK_KV_H, BLOCK_HALF
-    )
+    @triton.jit
+    def _rotary_kernel(
+        positions_ptr,
+        q_ptr,
+        k_ptr,
+        cache_ptr,
+        num_heads,
+        num_kv_heads,
+        half,
+        stride_q_token,
+        stride_q_head,
+        stride_k_token,
+        stride_k_head,
+        stride_cache,
+        BLOCK_H: tl.constexpr,
+        BLOCK_KV_H: tl.constexpr,
+        BLOCK_HALF: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        position = tl.load(positions_ptr + token)
+        cols = tl.arange(0, BLOCK_HALF)
+        cos = tl.load(cache_ptr + position * stride_cache + cols, mask=cols < half, other=0.0).to(tl.float32)
+        sin = tl.load(cache_ptr + position * stride_cache + half + cols, mask=cols < half, other=0.0).to(
+            tl.float32
+        )
+        cos = cos[None, :]
+        sin = sin[None, :]
+        _rotate_heads(
+            q_ptr, stride_q_token, stride_q_head, token, cos, sin, num_heads, half, BLOCK_H, BLOCK_HALF
+        )
+        _rotate_heads(
+            k_ptr, stride_k_token, stride_k_head, token, cos, sin, num_kv_heads, half, BLOCK_KV_H, BLOCK_HALF
+        )
 
 
 def rotary_embedding_triton(

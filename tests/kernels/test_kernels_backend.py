@@ -1,6 +1,8 @@
 """The backend switch: auto picks the C kernel for fp32 CPU tensors and the reference for other CPU tensors,
 forcing works, bad names are refused."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ import kernels.backend
 import kernels.rms_norm
 
 
+@pytest.mark.usefixtures("triton_installed")
 def test_auto_uses_c_then_reference_on_cpu_and_triton_when_forced(monkeypatch):
     calls = []
     monkeypatch.setattr(kernels.rms_norm, "rms_norm_triton", lambda *args: calls.append("triton"))
@@ -32,13 +35,26 @@ def test_unknown_backend_is_refused_and_state_kept():
         assert kernels.get_backend() == "torch"
 
 
+@pytest.mark.usefixtures("triton_installed")
 def test_backend_restored_after_an_error():
     with pytest.raises(RuntimeError), kernels.use_backend("triton"):
         raise RuntimeError("boom")
     assert kernels.get_backend() == "auto"
 
 
+@pytest.mark.usefixtures("triton_installed")
 def test_triton_on_cpu_without_interpreter_explains_the_fix(monkeypatch):
     monkeypatch.setattr(kernels.backend, "INTERPRETED", False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        kernels.rms_norm.rms_norm_triton(torch.ones(2, 4), torch.ones(4), 1e-6)
+
+
+def test_without_triton_auto_runs_the_reference_and_forcing_triton_names_the_fix(monkeypatch):
+    monkeypatch.setattr(kernels.backend, "HAS_TRITON", False)
+    cuda_tensor = SimpleNamespace(is_cuda=True)  # all use_triton reads; no GPU needed
+    assert not kernels.backend.use_triton(cuda_tensor)
+    with pytest.raises(RuntimeError, match="triton is not installed"):
+        kernels.set_backend("triton")
+    assert kernels.get_backend() == "auto"
+    with pytest.raises(RuntimeError, match="triton is not installed.*set_backend\\('torch'\\)"):
         kernels.rms_norm.rms_norm_triton(torch.ones(2, 4), torch.ones(4), 1e-6)

@@ -212,6 +212,7 @@ def compile_all(dtype: str) -> dict[str, dict[str, int]]:
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.usefixtures("triton_installed")
 def test_kernels_compile_for_sm90_without_spills(dtype):
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     done = subprocess.run(

@@ -139,7 +139,9 @@ def test_auto_dispatches_cpu_tensors_to_the_reference(gen, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_bad_inputs_are_refused_and_y_is_left_intact(backend, gen):
+def test_bad_inputs_are_refused_and_y_is_left_intact(backend, gen, request):
+    if backend == "triton":
+        request.getfixturevalue("triton_installed")
     x, a, b = lora_inputs(4, 64, 32, 8, gen)
     h, y = torch.randn(4, 8, generator=gen), torch.randn(4, 32, generator=gen)
     y_before = y.clone()
