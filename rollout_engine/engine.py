@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from kernels.backend import HAS_TRITON
 from rollout_engine.block_manager import BlockManager
 from rollout_engine.lora import LoraAdapter, lora_layers
 from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
@@ -41,8 +42,8 @@ class LLMEngine:
 
     The engine reads the model's own weights (never copies them), keeps KV in one preallocated pool of
     `block_size`-token blocks sized from `memory_fraction`, and batches continuously. On CUDA, decode-only
-    steps replay CUDA graphs captured at start-up (see cuda_graphs.py) unless `enforce_eager=True`; on the
-    CPU the engine always runs eagerly.
+    steps replay CUDA graphs captured at start-up (see cuda_graphs.py) unless `enforce_eager=True` or
+    triton is not installed; on the CPU the engine always runs eagerly.
     """
 
     def __init__(
@@ -66,7 +67,8 @@ class LLMEngine:
         weight = self.model.embed_tokens.weight
         self.vocab_size = weight.shape[0]
         # Decode steps replay CUDA graphs unless enforce_eager; their memory comes out of the same budget.
-        use_graphs = weight.device.type == "cuda" and not enforce_eager
+        # The graphs capture the Triton kernels: without triton (not installed off Linux x86_64) run eagerly.
+        use_graphs = weight.device.type == "cuda" and not enforce_eager and HAS_TRITON
         total_bytes = total_memory_bytes(weight.device, memory_budget_bytes)
         num_blocks, graph_bytes = plan_kv_pool(
             self.model,
