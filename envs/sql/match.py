@@ -1,8 +1,17 @@
 """Execution match in the style of Spider's test-suite evaluation.
 
 Both queries run in the sandbox. Rows compare as multisets, or as ordered lists when the gold query has a
-top-level ORDER BY. Columns may come in any order, floats are equal within a relative tolerance of 1e-6, NULL
-equals NULL, and a predicted query that errors or times out never matches.
+top-level ORDER BY. Columns may come in any order, NULL equals NULL, integers compare exactly, and a predicted
+query that errors, times out or was cut off by the sandbox's caps (``QueryResult.truncated``) never matches.
+
+Deliberate departures from test-suite-sql-eval's ``result_eq``:
+
+- Row order matters only when the gold query has an ORDER BY outside every subquery, string and comment.
+  Spider's rule is ``'order by' in gold.lower()``, so an ORDER BY inside a subquery, a window or a string
+  literal makes it compare row order too.
+- A float equals a number within a relative tolerance of 1e-6 (``REL_TOL``), so ``AVG(x)`` matches
+  ``SUM(x) / COUNT(*)``; Spider compares floats exactly. Integers compare exactly in both.
+- Two empty results match only when they have the same number of columns; Spider matches any two.
 """
 
 from __future__ import annotations
@@ -54,10 +63,12 @@ def _is_number(value: object) -> bool:
 
 
 def _values_close(a: object, b: object) -> bool:
+    """Equal, or within ``REL_TOL`` when a float is involved: two integers never differ by a tolerance."""
     if a is None or b is None:
         return a is b
     if _is_number(a) and _is_number(b):
-        return a == b or math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
+        inexact = isinstance(a, float) or isinstance(b, float)
+        return a == b or (inexact and math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12))
     return type(a) is type(b) and a == b
 
 
@@ -71,7 +82,7 @@ def _sort_key(row: tuple) -> tuple:
         if value is None:
             key.append((0, 0))
         elif _is_number(value):
-            key.append((1, float(value)))
+            key.append((1, value))  # Python orders ints and floats by exact value; float() would round ints
         elif isinstance(value, str):
             key.append((2, value))
         else:
@@ -127,9 +138,11 @@ def _column_permutations(gold_columns: list[tuple], pred_columns: list[tuple]) -
 
 
 def results_match(gold: QueryResult, pred: QueryResult, ordered: bool) -> bool:
-    """Compare two successful results under the rules in this module's docstring."""
+    """Compare two successful, complete results under the rules in this module's docstring."""
     if (
         not (gold.ok and pred.ok)
+        or gold.truncated
+        or pred.truncated
         or len(gold.columns) != len(pred.columns)
         or len(gold.rows) != len(pred.rows)
     ):
@@ -163,9 +176,10 @@ def result_overlap(gold: QueryResult, pred: QueryResult) -> float:
     Each gold column is scored by the best multiset F1 of its values against any predicted column, the mean
     over gold columns is scaled by ``len(gold columns) / len(pred columns)`` when extra columns were
     returned (so ``SELECT *`` is not free), and a result that matches scores 1. Rows of an empty gold result
-    count as matched only by an empty prediction.
+    count as matched only by an empty prediction. A truncated prediction scores 0: its prefix says nothing
+    about the rows the sandbox did not return.
     """
-    if not (gold.ok and pred.ok) or not pred.columns:
+    if not (gold.ok and pred.ok) or pred.truncated or not pred.columns:
         return 0.0
     if not gold.rows or not pred.rows:
         return float(not gold.rows and not pred.rows) * min(1.0, len(gold.columns) / len(pred.columns))

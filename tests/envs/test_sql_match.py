@@ -3,7 +3,7 @@
 import pytest
 
 from envs.sql import GoldQueryError, execution_match, has_top_level_order_by
-from envs.sql.match import result_overlap
+from envs.sql.match import result_overlap, results_match
 from envs.sql.sandbox import execute
 
 INFINITE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
@@ -76,6 +76,20 @@ PAIRS = [
     ("relative error 1e-5", "SELECT 1.0", "SELECT 1.00001", False),
     ("integer vs real count", "SELECT COUNT(*) FROM emp", "SELECT CAST(COUNT(*) AS REAL) FROM emp", True),
     ("rounded average", "SELECT AVG(salary) FROM emp", "SELECT ROUND(AVG(salary), 0) FROM emp", False),
+    # integers compare exactly: 10000000 and 10000001 differ by 1e-7, inside the float tolerance
+    (
+        "ordered integers reversed",
+        "SELECT column1 FROM (VALUES (10000000), (10000001)) ORDER BY column1",
+        "SELECT column1 FROM (VALUES (10000000), (10000001)) ORDER BY column1 DESC",
+        False,
+    ),
+    (
+        "integers re-paired next to a float column",
+        "SELECT 10000000, 0.5 UNION ALL SELECT 10000001, 0.25",
+        "SELECT 10000001, 0.5 UNION ALL SELECT 10000000, 0.25",
+        False,
+    ),
+    ("integer vs float within tolerance", "SELECT 10000000", "SELECT 10000000.5", True),
     # NULLs
     ("NULL equals NULL", "SELECT bonus FROM emp WHERE id = 3", "SELECT NULL", True),
     ("NULL is not 0", "SELECT bonus FROM emp WHERE id = 3", "SELECT 0", False),
@@ -156,6 +170,17 @@ def test_execution_match_pairs(staff_db, gold, pred, expected):
 
 def test_pair_count_covers_the_specification():
     assert len(PAIRS) >= 30
+
+
+def test_truncated_prediction_never_matches(staff_db):
+    # Six rows cut to max_rows=5 are the five gold rows plus one; the prefix alone would match.
+    gold, pred = "SELECT id FROM big WHERE id <= 5", "SELECT id FROM big WHERE id <= 6"
+    assert not execution_match(staff_db, gold, pred, max_rows=5)
+    assert execution_match(staff_db, gold, "SELECT id FROM big WHERE id < 6", max_rows=5)
+    gold_result, cut = execute(staff_db, gold), execute(staff_db, pred, max_rows=5)
+    assert cut.truncated and cut.rows == gold_result.rows
+    assert not results_match(gold_result, cut, ordered=False)
+    assert result_overlap(gold_result, cut) == 0.0
 
 
 def test_failing_gold_query_is_a_task_error(staff_db):
