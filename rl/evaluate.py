@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,17 +22,46 @@ class EvalResult:
     num_tasks: int
     by_label: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)
 
+    @property
+    def ci95(self) -> tuple[float, float]:
+        """The 95% Wilson score interval of the accuracy over ``num_tasks`` tasks."""
+        return wilson_interval(self.accuracy, self.num_tasks)
+
     def metrics(self) -> dict[str, float]:
-        return {"eval/accuracy": self.accuracy, "eval/reward": self.reward}
+        low, high = self.ci95
+        return {
+            "eval/accuracy": self.accuracy,
+            "eval/accuracy_ci_low": low,
+            "eval/accuracy_ci_high": high,
+            "eval/reward": self.reward,
+        }
 
     def table(self) -> str:
-        """A plain-text table of accuracy by each label (query family, difficulty)."""
-        lines = [f"{'':24} {'accuracy':>9} {'tasks':>6}"]
-        lines.append(f"{'all':24} {self.accuracy:9.3f} {self.num_tasks:6d}")
-        for label, values in self.by_label.items():
-            for value, (acc, count) in sorted(values.items()):
-                lines.append(f"{label + '=' + value:24} {acc:9.3f} {count:6d}")
+        """A plain-text table of accuracy, with its 95% interval, overall and by each label."""
+        lines = [f"{'':28} {'accuracy':>9} {'95% CI':>15} {'tasks':>6}"]
+        rows = [("all", self.accuracy, self.num_tasks)]
+        rows += [
+            (f"{label}={value}", acc, count)
+            for label, values in self.by_label.items()
+            for value, (acc, count) in sorted(values.items())
+        ]
+        for name, acc, count in rows:
+            low, high = wilson_interval(acc, count)
+            lines.append(f"{name:28} {acc:9.3f} {f'[{low:.3f}, {high:.3f}]':>15} {count:6d}")
         return "\n".join(lines)
+
+
+def wilson_interval(accuracy: float, num_tasks: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a success rate over ``num_tasks`` trials ((0, 1) when there are none)."""
+    if num_tasks <= 0:
+        return 0.0, 1.0
+    centre = (accuracy + z * z / (2 * num_tasks)) / (1 + z * z / num_tasks)
+    half = (
+        z
+        / (1 + z * z / num_tasks)
+        * math.sqrt(accuracy * (1 - accuracy) / num_tasks + z * z / (4 * num_tasks**2))
+    )
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def succeeded(trajectory: Trajectory) -> bool:
@@ -50,7 +80,7 @@ def evaluate(
     step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
     start_fn: Callable[[Any, Sequence[Any]], list[Any]],
     max_completion_tokens: int,
-    labels: Sequence[str] = ("family", "difficulty"),
+    labels: Sequence[str] = ("family", "difficulty", "db_id"),
 ) -> EvalResult:
     """Play each task once with `greedy_params` (temperature 0, n=1) and score it."""
     episodes = start_fn(env, tasks)

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 WANDB_MODES = ("offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
-RESERVED = ("step", "time")
+RESERVED = ("step", "time", "stage")
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward")
 # The metrics a training run logs: TRL's names plus the engine's own. "rewards/" stands for one metric per
 # reward component (rewards/<component>); eval/accuracy is logged on evaluation steps only.
@@ -117,6 +117,17 @@ class RunLogger:
         self._write(self._metrics, {"step": step, "time": time.time(), **values})
         self._call_wandb(lambda: self._run.log(values, step=step))
         self._advance(step, values)
+
+    def log_stage(self, stage: str, step: int, metrics: Mapping[str, Any]) -> None:
+        """Log a step of a stage other than GRPO (the supervised warm start, the base model's evaluation).
+
+        The JSONL record carries ``"stage"`` beside its own step count; W&B keeps the stage's latest values
+        in the run summary, since its history axis is the GRPO step.
+        """
+        values = _numeric(metrics)
+        self._write(self._metrics, {"stage": stage, "step": step, "time": time.time(), **values})
+        named = {key if key.startswith(f"{stage}/") else f"{stage}/{key}": v for key, v in values.items()}
+        self._call_wandb(lambda: self._run.summary.update(named))
 
     def wants_samples(self, step: int) -> bool:
         """Whether ``step`` is one whose samples go into the table (every ``sample_every`` steps)."""

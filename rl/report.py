@@ -2,7 +2,9 @@
 
 Reads ``RUN_DIR/metrics.jsonl`` (written by ``rl.metrics.RunLogger``) and draws the reward, held-out accuracy,
 KL, completion lengths, rollout throughput and the step-time breakdown, each only when its metrics are in the
-log. A step logged twice (a resumed run repeats the steps after its checkpoint) keeps its last value.
+log; from ``RUN_DIR/summary.json`` it draws the learning curve over every stage (the base model, the warm
+start, GRPO) with 95% intervals. A step logged twice (a resumed run repeats the steps after its checkpoint)
+keeps its last value.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import NamedTuple
 from matplotlib.figure import Figure
 
 from rl.metrics import METRICS_FILE, RESERVED
+from rl.summary import SUMMARY_FILE
 
 Series = dict[str, dict[int, float]]  # metric -> step -> value
 
@@ -77,6 +80,8 @@ def load_metrics(path: str | os.PathLike) -> Series:
                 f"{path}:{number} is not a metrics record: each line must be a JSON object with an integer "
                 "'step'."
             )
+        if "stage" in record:  # the warm start and the base evaluation: see learning_curve
+            continue
         for key, value in record.items():
             if key not in RESERVED and isinstance(value, (int, float)) and math.isfinite(value):
                 series.setdefault(key, {})[record["step"]] = float(value)
@@ -98,7 +103,52 @@ def write_plots(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
             continue
         _draw(spec, {name: series[name] for name in names}, series.get("reward_std"), out / spec.file)
         report.written.append(out / spec.file)
+    write_learning_curve(run_dir, out, report)
     return report
+
+
+def write_learning_curve(run_dir: str | os.PathLike, out: Path, report: Report) -> None:
+    """learning_curve.png from summary.json: held-out accuracy with its 95% interval at every evaluation,
+    the warm start's steps first and GRPO's after them; and the warm start's NLL when the log has it."""
+    path = Path(run_dir) / SUMMARY_FILE
+    if not path.is_file():
+        report.skipped.append(f"learning_curve.png: no {SUMMARY_FILE} (the run has not finished)")
+        return
+    summary = json.loads(path.read_text())
+    sft_steps = summary.get("sft_steps", 0)
+    figure = Figure(figsize=(7, 4), dpi=100)
+    axes = figure.add_subplot()
+    for stage, colour in (("base", "black"), ("sft", "tab:orange"), ("grpo", "tab:blue")):
+        points = [p for p in summary["eval_history"] if p["stage"] == stage]
+        if not points:
+            continue
+        x = [p["step"] + (sft_steps if stage == "grpo" else 0) for p in points]
+        y = [p["accuracy"] for p in points]
+        errors = [
+            [a - p["ci95"][0] for a, p in zip(y, points, strict=True)],
+            [p["ci95"][1] - a for a, p in zip(y, points, strict=True)],
+        ]
+        axes.errorbar(x, y, yerr=errors, marker="o", capsize=3, color=colour, label=stage)
+    if sft_steps:
+        axes.axvline(sft_steps, linestyle="--", color="grey", alpha=0.6)
+    title = f"Held-out greedy accuracy ({summary['num_eval_tasks']} tasks, seed {summary['seed']}, 95% CI)"
+    xlabel = "optimizer step (warm start, then GRPO)" if sft_steps else "GRPO step"
+    axes.set(title=title, xlabel=xlabel, ylabel="execution accuracy")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(out / "learning_curve.png")
+    report.written.append(out / "learning_curve.png")
+    nll = _stage_series(Path(run_dir) / METRICS_FILE, "sft", "sft/nll")
+    if nll:
+        _draw(PlotSpec("sft_nll.png", "Warm start: NLL of the demonstrations", "nll", ()), {"sft/nll": nll},
+              None, out / "sft_nll.png")  # fmt: skip
+        report.written.append(out / "sft_nll.png")
+
+
+def _stage_series(path: Path, stage: str, name: str) -> dict[int, float]:
+    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {r["step"]: float(r[name]) for r in records if r.get("stage") == stage and name in r}
 
 
 def _matching(patterns: tuple[str, ...], series: Series) -> list[str]:

@@ -1,4 +1,4 @@
-"""Per-step metrics the loop logs besides the optimisation step's own, and the end-of-run summary."""
+"""Per-step metrics the loop logs besides the optimisation step's own, and the phase timer."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from rl.advantages import reward_stats
 from rl.rollout import Trajectory
 
-PHASES = ("generate", "env", "train", "sync", "eval")
+PHASES = ("sft", "generate", "env", "train", "sync", "eval")
 # How one step's metric combines over data-parallel ranks (by name, or by a prefix ending in "/"); the rest
 # are averaged. Throughput and counts add up over the job; the slowest rank sets the step time and each
 # rank's peak memory is its own device's, so those take the largest.
@@ -123,38 +123,3 @@ def memory_metrics(engine: Any) -> dict[str, float]:
         trainer_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
     engine_bytes = engine.stats()["kv_bytes_total"]
     return {"memory/trainer_peak_gb": trainer_peak / 2**30, "memory/engine_gb": engine_bytes / 2**30}
-
-
-def summary_text(before: Any, after: Any, history: Sequence[dict[str, float]], timer: StepTimer) -> str:
-    """The end-of-run report: held-out accuracy before/after, the reward curve, time split, peak memory."""
-    lines = ["", "=== pagedrl run summary ==="]
-    evals = [m for m in history if "eval/accuracy" in m] + [after.metrics()]
-    if before is not None:
-        evals.insert(0, before.metrics())
-    order = "before training, then" if before is not None else "since the resume:"
-    lines.append(
-        f"held-out greedy evaluation ({after.num_tasks} test tasks on unseen schemas; {order} "
-        "every eval_every steps and at the end):"
-    )
-    for name in ("accuracy", "reward"):
-        lines.append(f"  {name:8} " + " -> ".join(f"{m[f'eval/{name}']:.3f}" for m in evals))
-    rewards = [m["reward"] for m in history]
-    if rewards:
-        width = max(1, len(rewards) // 10)
-        chunks = [rewards[i : i + width] for i in range(0, len(rewards), width)]
-        curve = " ".join(f"{sum(c) / len(c):.2f}" for c in chunks)
-        lines.append(f"train reward (mean per {width} step(s)): {curve}")
-    total = sum(timer.totals.values()) or 1.0
-    split = ", ".join(
-        f"{p} {timer.totals[p]:.0f}s ({100 * timer.totals[p] / total:.0f}%)"
-        for p in PHASES
-        if p in timer.totals
-    )
-    lines.append(f"time: {split}")
-    if history:
-        last = history[-1]
-        lines.append(
-            f"peak memory: trainer {last['memory/trainer_peak_gb']:.2f} GB, "
-            f"engine KV pool {last['memory/engine_gb']:.2f} GB"
-        )
-    return "\n".join(lines)

@@ -71,7 +71,8 @@ def test_eval_accuracy_is_plotted_when_present_and_out_dir_is_honoured(tmp_path)
     write_log(tmp_path / "run", [{"step": 0, "eval/accuracy": 0.2}, {"step": 10, "eval/accuracy": 0.45}])
     report = write_plots(tmp_path / "run", tmp_path / "figures")
     assert report.written == [tmp_path / "figures" / "eval_accuracy.png"]
-    assert len(report.skipped) == 5
+    assert len(report.skipped) == 6
+    assert "learning_curve.png: no summary.json" in report.skipped[-1]
     assert_drawn_png(tmp_path / "figures" / "eval_accuracy.png")
 
 
@@ -126,3 +127,24 @@ def test_report_reads_what_the_run_logger_writes(tmp_path):
     report = write_plots(tmp_path)
     assert [path.name for path in report.written] == ["reward.png", "kl.png"]
     assert_drawn_png(tmp_path / "plots" / "kl.png")
+
+
+def test_learning_curve_spans_the_warm_start_and_grpo_from_the_summary(tmp_path):
+    from rl.evaluate import EvalResult
+    from rl.summary import EvalPoint, run_summary, write_summary
+
+    points = [
+        EvalPoint("base", 0, EvalResult(0.02, -0.05, 200)),
+        EvalPoint("sft", 40, EvalResult(0.3, 0.3, 200)),
+    ]
+    points += [EvalPoint("grpo", s, EvalResult(0.3 + 0.01 * s, 0.4, 200)) for s in (10, 20, 30)]
+    write_summary(tmp_path, run_summary(points, seed=0, wall_s=10.0, sft_steps=40))
+    with RunLogger(tmp_path, wandb_mode="disabled", progress=False) as logger:
+        for step in range(1, 41):
+            logger.log_stage("sft", step, {"sft/nll": 1.0 / step})
+        logger.log(1, {"reward": 0.1})
+    report = write_plots(tmp_path)
+    assert [p.name for p in report.written] == ["reward.png", "learning_curve.png", "sft_nll.png"]
+    assert_drawn_png(tmp_path / "plots" / "learning_curve.png")
+    assert_drawn_png(tmp_path / "plots" / "sft_nll.png")
+    assert load_metrics(tmp_path / "metrics.jsonl") == {"reward": {1: 0.1}}  # stage records stay apart

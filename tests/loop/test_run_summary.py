@@ -1,35 +1,65 @@
-"""The end-of-run summary: the held-out curve, the reward curve, the time split and peak memory."""
+"""The end-of-run summary and summary.json: accuracy by stage with intervals, by label, rewards, time."""
 
-from rl.evaluate import EvalResult
-from rl.step_metrics import StepTimer, summary_text
+import json
+
+import pytest
+
+from rl.evaluate import EvalResult, wilson_interval
+from rl.step_metrics import StepTimer
+from rl.summary import EvalPoint, run_summary, summary_text, write_summary
 
 
 def history_step(reward, **extra):
     return {"reward": reward, "memory/trainer_peak_gb": 1.25, "memory/engine_gb": 0.5, **extra}
 
 
-def test_summary_shows_held_out_curve_rewards_time_and_memory():
-    before = EvalResult(accuracy=0.0, reward=-0.05, num_tasks=64)
-    after = EvalResult(accuracy=0.125, reward=0.2, num_tasks=64)
-    history = [
-        history_step(0.1),
-        history_step(0.3, **{"eval/accuracy": 0.0625, "eval/reward": 0.05}),
-        history_step(0.5),
+def result(accuracy, reward=0.0, num_tasks=200, family=None):
+    return EvalResult(accuracy, reward, num_tasks, {"family": family} if family else {})
+
+
+def test_wilson_interval_matches_the_textbook_values():
+    # 10 of 100: the Wilson 95% interval is [0.0552, 0.1744]; 0 of 20: [0, 0.1611]
+    assert wilson_interval(0.1, 100) == pytest.approx((0.0552, 0.1744), abs=1e-4)
+    assert wilson_interval(0.0, 20) == pytest.approx((0.0, 0.1611), abs=1e-4)
+    assert wilson_interval(0.5, 0) == (0.0, 1.0)
+
+
+def test_summary_keys_separate_the_warm_start_from_grpo(tmp_path):
+    points = [
+        EvalPoint("base", 0, result(0.02, -0.05, family={"filter": (0.0, 60)})),
+        EvalPoint("sft", 40, result(0.30)),
+        EvalPoint("grpo", 10, result(0.33)),
+        EvalPoint("grpo", 20, result(0.37, 0.4, family={"filter": (0.5, 60)})),
     ]
+    summary = run_summary(points, seed=1, wall_s=1500.0, sft_steps=40)
+    assert (summary["base_accuracy"], summary["grpo_start_accuracy"], summary["final_accuracy"]) == (
+        0.02,
+        0.30,
+        0.37,
+    )
+    assert summary["num_eval_tasks"] == 200 and summary["seed"] == 1 and summary["wall_s"] == 1500.0
+    assert [p["stage"] for p in summary["eval_history"]] == ["base", "sft", "grpo", "grpo"]
+    assert summary["final_ci95"] == list(wilson_interval(0.37, 200))
+    assert summary["by_label"] == {"family": {"filter": (0.5, 60)}}
+    path = write_summary(tmp_path, summary)
+    assert json.loads(path.read_text())["grpo_start_accuracy"] == 0.30
     timer = StepTimer()
+    timer.add("sft", 30.0)
     timer.add("generate", 30.0)
-    timer.add("train", 60.0)
-    timer.add("eval", 10.0)
-    text = summary_text(before, after, history, timer)
-    assert "64 test tasks on unseen schemas; before training, then" in text
-    assert "accuracy 0.000 -> 0.062 -> 0.125" in text
-    assert "reward   -0.050 -> 0.050 -> 0.200" in text
-    assert "train reward (mean per 1 step(s)): 0.10 0.30 0.50" in text
-    assert "generate 30s (30%)" in text and "train 60s (60%)" in text and "eval 10s (10%)" in text
+    timer.add("train", 40.0)
+    text = summary_text(summary, [history_step(0.1), history_step(0.3)], timer)
+    assert "base  step    0: 0.020" in text and "sft   step   40: 0.300" in text
+    assert "grpo  step   20: 0.370 [0.306, 0.439]" in text
+    assert "grpo_start_accuracy  0.300" in text
+    assert "  filter                    0.000  0.500     60" in text
+    assert "train reward (mean per 1 step(s)): 0.10 0.30" in text
+    assert "sft 30s (30%)" in text and "train 40s (40%)" in text and "(wall 1500s)" in text
     assert "peak memory: trainer 1.25 GB, engine KV pool 0.50 GB" in text
 
 
-def test_summary_after_a_resume_has_no_before():
-    after = EvalResult(accuracy=0.5, reward=0.4, num_tasks=8)
-    text = summary_text(None, after, [history_step(0.2)], StepTimer())
-    assert "since the resume:" in text and "accuracy 0.500" in text and "->" not in text.split("\n")[3]
+def test_without_a_warm_start_grpo_starts_at_the_base_and_a_resume_knows_neither():
+    plain = run_summary([EvalPoint("base", 0, result(0.1)), EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0)
+    assert plain["grpo_start_accuracy"] == plain["base_accuracy"] == 0.1
+    resumed = run_summary([EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0)
+    assert resumed["base_accuracy"] is None and resumed["grpo_start_accuracy"] is None
+    assert "base_accuracy        n/a (resumed run)" in summary_text(resumed, [], StepTimer())
