@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import hydra
@@ -29,22 +30,18 @@ from envs import EnvError, make_env, start_episodes, step_episodes
 from rl import distributed as dp
 from rl.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from rl.config import register_configs
+from rl.curriculum import Curriculum
 from rl.data import TaskStream
-from rl.evaluate import EvalResult, evaluate
+from rl.evaluate import EvalResult, evaluate, succeeded
 from rl.lora import add_lora, lora_tensors
 from rl.metrics import RunLogger, SampleRow
 from rl.models import ModelLoadError, load_model
 from rl.optim import build_lr_scheduler, build_optimizer
 from rl.rollout import play_groups, to_rollout_batch
 from rl.rollout_worker import RemoteEngine, build_worker
-from rl.step_metrics import (
-    StepTimer,
-    combine_rank_metrics,
-    engine_metrics,
-    memory_metrics,
-    reward_metrics,
-    summary_text,
-)
+from rl.sft import DemoSampler, demonstrations, warm_start
+from rl.step_metrics import StepTimer, combine_rank_metrics, engine_metrics, memory_metrics, reward_metrics
+from rl.summary import EvalPoint, run_summary, summary_text, write_summary
 from rl.trainer import train_step
 from rl.weight_sync import DistributedSync, InProcessSync
 from rollout_engine import LLMEngine, SamplingParams
@@ -126,7 +123,7 @@ def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts
     tasks = hydra.utils.call(cfg.env.tasks)
     if isinstance(tasks, Dataset):
         tasks = tasks.train_test_split(test_size=0.1, seed=cfg.seed)
-    test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.seed)
+    test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.env.eval_seed)
     return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist)
 
 
@@ -162,13 +159,15 @@ def run_eval(parts: Parts, cfg: DictConfig) -> EvalResult:
         step_episodes,
         start_episodes,
         cfg.rollout.max_completion_tokens,
+        labels=cfg.env.eval_labels,
     )
     return dp.gather_eval(result, parts.dist)
 
 
-def collect_groups(parts: Parts, cfg: DictConfig, stream: TaskStream, step: int, timer: StepTimer):
+def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: StepTimer):
     """Play prompts_per_step GRPO groups; with DAPO dynamic sampling, groups whose rewards are all equal are
-    replaced by fresh prompts (up to 4 rounds), since they carry no advantage signal."""
+    replaced by fresh prompts (up to 4 rounds), since they carry no advantage signal. A curriculum hears
+    every played group's successes (from all ranks)."""
 
     def timed_env_step(episodes, actions):
         with timer("env"):
@@ -187,6 +186,9 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream: TaskStream, step: int,
             cfg.rollout.max_completion_tokens,
             response_prefix=getattr(parts.env, "response_prefix", ""),
         )
+        if isinstance(stream, Curriculum):
+            outcomes = [(task, sum(map(succeeded, g)), len(g)) for task, g in zip(tasks, played, strict=True)]
+            stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
         kept += [g for g in played if not cfg.algo.dynamic_sampling or len({t.reward for t in g}) > 1]
         if dp.all_ranks(len(kept) == cfg.prompts_per_step, parts.dist):
             break
@@ -196,9 +198,43 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream: TaskStream, step: int,
 @dataclass
 class RunResult:
     parts: Parts
-    before: EvalResult | None
-    after: EvalResult
+    evals: list[EvalPoint]
     history: list[dict[str, float]]
+    summary: dict
+
+
+def supervised_warm_start(parts: Parts, cfg: DictConfig, logger: RunLogger | None) -> None:
+    """sft.steps supervised steps on the env's demonstrations of training tasks, on the same LoRA adapter
+    (its own AdamW); then the adapter is synced into the engine. Under torchrun each rank draws its own
+    batches and DDP averages their gradients."""
+    demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
+    sampler = DemoSampler(demos, cfg.sft.batch_size, seed=cfg.seed + 1_000_003 * parts.dist.rank)
+    optimizer = build_optimizer(parts.model, cfg.sft.lr, weight_decay=cfg.trainer.weight_decay)
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if logger is not None:
+            logger.log_stage("sft", step, metrics)
+
+    warm_start(
+        parts.train_model,
+        optimizer,
+        sampler,
+        cfg.sft.steps,
+        parts.tokenizer.pad_token_id,
+        cfg.trainer.micro_batch_size,
+        cfg.trainer.max_grad_norm,
+        on_step,
+    )
+    dp.check_replicas(lora_tensors(parts.model), parts.dist)
+    parts.sync.push(lora_tensors(parts.model), version=1)
+
+
+def task_stream(parts: Parts, cfg: DictConfig) -> TaskStream | Curriculum:
+    """The order training tasks come in: seeded epochs, or the adaptive curriculum."""
+    c = cfg.curriculum
+    if not c.enabled:
+        return TaskStream(parts.train_tasks, seed=cfg.seed)
+    return Curriculum(parts.train_tasks, cfg.seed, c.pool_by, c.prior_strength, c.min_attempts)
 
 
 def train_step_metrics(parts: Parts, cfg: DictConfig, optimizer, scheduler, stream, step: int, timer):
@@ -243,11 +279,12 @@ def train_step_metrics(parts: Parts, cfg: DictConfig, optimizer, scheduler, stre
         **engine_metrics(parts.engine, engine_before, timer.last("generate")),
         **timer.metrics(),
         **memory_metrics(parts.engine),
+        **(stream.metrics() if isinstance(stream, Curriculum) else {}),
     }
     return metrics, trajectories
 
 
-def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream: TaskStream) -> int:
+def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int:
     """With resume=true, load rank 0's latest checkpoint on every rank; returns the step it ended (or 0)."""
     latest = dp.broadcast_object(
         find_latest(cfg.run_dir) if cfg.resume and parts.dist.is_main else None, parts.dist
@@ -287,6 +324,7 @@ def log_step(logger: RunLogger, step: int, metrics: dict[str, float], trajectori
 
 
 def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
+    started = time.monotonic()
     cfg.run_dir = dp.broadcast_object(cfg.run_dir, dist)  # Hydra may stamp each rank's directory differently
     parts = build_parts(cfg, dist)
     optimizer = build_optimizer(parts.model, cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
@@ -296,21 +334,29 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
         warmup_steps=cfg.trainer.warmup_steps,
         num_training_steps=cfg.num_steps * cfg.algo.num_iterations,
     )
-    stream = TaskStream(parts.train_tasks, seed=cfg.seed)
+    stream = task_stream(parts, cfg)
     start_step = resume(cfg, parts, optimizer, scheduler, stream)
     logger = open_logger(cfg, start_step) if dist.is_main else None  # rank 0 alone logs and checkpoints
-    timer, history, before = StepTimer(), [], None
+    timer, history, evals = StepTimer(), [], []
     if start_step == 0:
         with timer("eval"):
-            before = run_eval(parts, cfg)
-        if logger is not None:
-            logger.log(0, before.metrics())
+            evals.append(EvalPoint("base", 0, run_eval(parts, cfg)))
+        if cfg.sft.steps > 0:
+            if logger is not None:
+                logger.log_stage("base", 0, evals[-1].result.metrics())
+            with timer("sft"):
+                supervised_warm_start(parts, cfg, logger)
+            with timer("eval"):
+                evals.append(EvalPoint("sft", cfg.sft.steps, run_eval(parts, cfg)))
+        if logger is not None:  # step 0 holds what GRPO starts from
+            logger.log(0, evals[-1].result.metrics())
     for step in range(start_step + 1, cfg.num_steps + 1):
         local, trajectories = train_step_metrics(parts, cfg, optimizer, scheduler, stream, step, timer)
         metrics = combine_rank_metrics(dp.gather_objects(local, dist))
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.num_steps:
             with timer("eval"):
-                metrics.update(run_eval(parts, cfg).metrics())
+                evals.append(EvalPoint("grpo", step, run_eval(parts, cfg)))
+            metrics.update(evals[-1].result.metrics())
         history.append(metrics)
         if logger is None:
             continue
@@ -327,12 +373,14 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
                 keep_last=cfg.keep_checkpoints,
             )
     with timer("eval"):
-        after = run_eval(parts, cfg)
+        evals.append(EvalPoint("grpo", cfg.num_steps, run_eval(parts, cfg)))
+    summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps)
     if logger is not None:
-        logger.log(cfg.num_steps, after.metrics())
+        logger.log(cfg.num_steps, evals[-1].result.metrics())
         logger.close()
-        print(summary_text(before, after, history, timer))
-    return RunResult(parts, before, after, history)
+        write_summary(cfg.run_dir, summary)
+        print(summary_text(summary, history, timer))
+    return RunResult(parts, evals, history, summary)
 
 
 def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:

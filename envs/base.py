@@ -52,7 +52,9 @@ class Env(Protocol):
     An env may also declare ``stop``: strings that end a turn's generation (e.g. a closing tag), so the
     environment answers as soon as an action is complete, and ``response_prefix``: text that opens the
     model's first reply (e.g. "```sql\nSELECT"), placed after the prompt so the model continues it. The
-    prefix is part of the prompt, never trained on, and is put back in front of the first action.
+    prefix is part of the prompt, never trained on, and is put back in front of the first action. An env
+    that can show an ideal first reply declares ``demonstration(task) -> str | None`` (starting with the
+    response prefix); a supervised warm start (``sft.steps``) trains on those before GRPO.
     """
 
     max_turns: int

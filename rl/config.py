@@ -93,7 +93,10 @@ class EnvConfig:
     name: str = MISSING  # built-in name, `pagedrl.envs` entry point, or dotted path
     args: dict[str, Any] = field(default_factory=dict)  # the env's flat constructor arguments
     tasks: dict[str, Any] = field(default_factory=dict)  # `_target_` returning a DatasetDict(train, test)
-    eval_tasks: int = 64  # held-out tasks scored greedily
+    eval_tasks: int = 200  # held-out tasks scored greedily
+    eval_seed: int = 0  # draws the held-out sample; apart from `seed`, so every training seed meets one set
+    eval_labels: list[str] = field(default_factory=lambda: ["family", "difficulty"])  # accuracy by these
+    shared_prompt_key: str | None = None  # task field whose rows share a prompt prefix (batched together)
 
 
 @dataclass
@@ -121,6 +124,25 @@ class TrainerConfig:
 
 
 @dataclass
+class SftConfig:
+    """The supervised warm start on the env's demonstrations of training tasks, run before GRPO."""
+
+    steps: int = 0  # 0: no warm start
+    batch_size: int = 16
+    lr: float = 2e-4
+
+
+@dataclass
+class CurriculumConfig:
+    """Draw training tasks by their running pass rate (rl.curriculum) instead of in seeded epochs."""
+
+    enabled: bool = False
+    pool_by: list[str] = field(default_factory=list)  # task fields whose tasks share a pass-rate estimate
+    prior_strength: float = 8.0  # pseudo-attempts of the pool's rate in each task's estimate
+    min_attempts: int = 16  # a task all-passed or all-failed over this many attempts is skipped
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -129,6 +151,8 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     mode: Mode = Mode.train
     seed: int = 0
     num_steps: int = 30

@@ -159,7 +159,7 @@ def _check_step_args(
         raise ValueError(f"max_grad_norm must be > 0, or None to disable clipping; got {max_grad_norm}")
 
 
-def _optimizer_step(optimizer, scheduler, params, max_grad_norm: float | None, loss: torch.Tensor):
+def optimizer_step(optimizer, scheduler, params, max_grad_norm: float | None, loss: torch.Tensor):
     """Clip and step unless the loss or the gradient is non-finite; returns (stepped, grad_norm, lr)."""
     grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
     lr = optimizer.param_groups[0]["lr"]
@@ -243,7 +243,7 @@ def train_step(
             ref_logprobs=ref, is_weights=is_weights, temperature=temperature,
             record_logprobs=seen if iteration == 0 else None,
         )  # fmt: skip
-        stepped, grad_norm, lr = _optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
+        stepped, grad_norm, lr = optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
         skipped += not stepped
         losses.append(stats)
         grad_norms.append(grad_norm)

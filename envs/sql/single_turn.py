@@ -66,6 +66,10 @@ class SqlEnv:
         # prefix opened the fence, the reply's first fence is the closing one, even on the query's own line.
         self.stop = ("```",) if "```" in response_prefix else ("\n```\n",)
 
+    def demonstration(self, task: Mapping[str, Any]) -> str:
+        """The ideal reply to ``task``: its gold query in a ```sql fence (what a warm start trains on)."""
+        return f"```sql\n{task['gold_sql']}\n```"
+
     def start(self, task: Mapping[str, Any]) -> SqlEpisode:
         """Open an episode whose messages hold the schema and the question."""
         messages = task_messages(task, self.instructions, self.sample_rows)

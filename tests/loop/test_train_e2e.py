@@ -144,7 +144,8 @@ def test_resume_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_
     straight = run(train_module, tmp_path / "a", "num_steps=4", *VOWELS)
     run(train_module, tmp_path / "b", "num_steps=3", *VOWELS)
     resumed = run(train_module, tmp_path / "b", "num_steps=4", "resume=true", *VOWELS)
-    assert resumed.before is None and len(resumed.history) == 1
+    assert [p.stage for p in resumed.evals] == ["grpo"] and len(resumed.history) == 1
+    assert resumed.summary["base_accuracy"] is None  # a resumed run did not see the base model
     assert resumed.history[0]["policy_loss"] == straight.history[3]["policy_loss"]
     assert resumed.history[0]["reward"] == straight.history[3]["reward"]
     a, b = lora_tensors(straight.parts.model), lora_tensors(resumed.parts.model)
@@ -154,7 +155,8 @@ def test_resume_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_
 def test_default_sql_env_runs_a_step_and_scores_the_held_out_split(train_module, tmp_path):
     result = run(train_module, tmp_path, "num_steps=1", SMALL_SQL)
     assert math.isfinite(result.history[0]["policy_loss"])
-    assert result.after.num_tasks == 4 and 0.0 <= result.after.accuracy <= 1.0
+    final = result.evals[-1].result
+    assert final.num_tasks == 4 and 0.0 <= final.accuracy <= 1.0
     assert "rewards/execution" in result.history[0]
 
 
@@ -177,3 +179,22 @@ def test_multi_turn_masks_observation_tokens_out_of_the_loss(train_module, tmp_p
             [t for t, m in zip(traj.completion_ids, traj.completion_mask, strict=True) if not m]
         )
         assert obs_text == "" or "<observation>" in obs_text
+
+
+def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(train_module, tmp_path):
+    result = run(
+        train_module, tmp_path, "num_steps=2", "sft.steps=3", "sft.batch_size=4", "curriculum.enabled=true",
+        "curriculum.pool_by=[family]", SMALL_SQL,
+    )  # fmt: skip
+    assert [(p.stage, p.step) for p in result.evals] == [("base", 0), ("sft", 3), ("grpo", 2), ("grpo", 2)]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["base_accuracy"] == result.evals[0].result.accuracy
+    assert summary["grpo_start_accuracy"] == result.evals[1].result.accuracy
+    assert summary["final_accuracy"] == result.evals[-1].result.accuracy
+    assert (summary["num_eval_tasks"], summary["seed"], summary["sft_steps"]) == (4, 0, 3)
+    assert set(summary["by_label"]) == {"family", "difficulty", "db_id"} and summary["wall_s"] > 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("stage") == "sft" and "sft/nll" in r] == [1, 2, 3]
+    assert all(math.isfinite(r["sft/nll"]) for r in records if "sft/nll" in r)
+    rates = {k: v for k, v in result.history[-1].items() if k.startswith("curriculum/pass_rate/")}
+    assert rates and all(0.0 < v < 1.0 for v in rates.values())  # Beta(1, 1) posteriors stay inside

@@ -1,0 +1,126 @@
+"""An adaptive curriculum: training tasks are drawn by their running pass rate, where GRPO learns most.
+
+A GRPO group only teaches when its rewards differ, and with a binary success the expected spread of a
+task that passes with probability p is p(1 - p). So each task is drawn with weight p(1 - p) of its
+estimated pass rate, and a task whose own record shows it mastered (every attempt passed) or hopeless
+(none did) over at least ``min_attempts`` attempts is skipped.
+
+Few tasks are drawn twice in a short run, so a task's estimate borrows from its pool: the tasks that share
+the ``pool_by`` fields (e.g. query family and difficulty). The pool's rate has a Beta(1, 1) prior, so
+untried pools start at 0.5 (the highest weight: they are explored first), and a task's own attempts count
+against ``prior_strength`` pseudo-attempts at the pool's rate. Same seed and same outcomes give the same
+draws; ``position`` / ``restore`` make it resumable like ``rl.data.TaskStream``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def task_key(task: Any) -> str:
+    """A stable identity of a task row (its content), the same on every rank and after a resume."""
+    return hashlib.sha1(json.dumps(task, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Curriculum:
+    """Draws batches of task rows by p(1 - p) of their estimated pass rate; ``record`` feeds outcomes."""
+
+    def __init__(
+        self,
+        tasks: Sequence[Any],
+        seed: int = 0,
+        pool_by: Sequence[str] = (),
+        prior_strength: float = 8.0,
+        min_attempts: int = 16,
+    ) -> None:
+        if len(tasks) == 0:
+            raise ValueError("the task set is empty; check the env's tasks config (env.tasks)")
+        if prior_strength < 0 or min_attempts < 1:
+            raise ValueError(
+                f"curriculum.prior_strength must be >= 0 and curriculum.min_attempts >= 1, got "
+                f"{prior_strength} and {min_attempts}"
+            )
+        self.tasks = tasks
+        self.seed = seed
+        self.prior_strength = prior_strength
+        self.min_attempts = min_attempts
+        self._keys = [task_key(t) for t in tasks]
+        self._pools = [
+            "/".join(str(t.get(f, "")) if hasattr(t, "get") else "" for f in pool_by) for t in tasks
+        ]
+        self._index = {key: i for i, key in enumerate(self._keys)}
+        self.record_of: dict[str, list[int]] = {}  # task key -> [successes, attempts]
+        self.draws = 0
+
+    def pool_rates(self) -> dict[str, float]:
+        """Each pool's posterior mean pass rate (Beta(1, 1) prior)."""
+        totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for key, (wins, tries) in self.record_of.items():
+            pool = totals[self._pools[self._index[key]]]
+            pool[0] += wins
+            pool[1] += tries
+        return {pool: (totals[pool][0] + 1) / (totals[pool][1] + 2) for pool in set(self._pools)}
+
+    def weights(self) -> torch.Tensor:
+        """[num_tasks] draw weights: p(1 - p) of each task's estimate, 0 for mastered or hopeless ones."""
+        rates = self.pool_rates()
+        prior = self.prior_strength
+        out = torch.empty(len(self.tasks), dtype=torch.float64)
+        for i, key in enumerate(self._keys):
+            wins, tries = self.record_of.get(key, (0, 0))
+            if tries >= self.min_attempts and wins in (0, tries):
+                out[i] = 0.0
+                continue
+            p = (wins + prior * rates[self._pools[i]]) / (tries + prior) if tries + prior > 0 else 0.5
+            out[i] = p * (1.0 - p)
+        return out
+
+    def next_batch(self, batch_size: int) -> list[Any]:
+        """``batch_size`` distinct rows (repeats only when fewer tasks are left to draw)."""
+        weights = self.weights()
+        if weights.sum() <= 0:  # everything is mastered or hopeless: draw uniformly
+            weights = torch.ones_like(weights)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.draws)
+        self.draws += 1
+        live = int((weights > 0).sum())
+        picks = torch.multinomial(weights, min(batch_size, live), replacement=False, generator=generator)
+        rows = [self.tasks[i] for i in picks.tolist()]
+        while len(rows) < batch_size:
+            rows += rows[: batch_size - len(rows)]
+        return rows
+
+    def record(self, outcomes: Sequence[tuple[Any, int, int]]) -> None:
+        """Add ``(task row, successes, attempts)`` outcomes; rows not in the training set are ignored."""
+        for task, wins, tries in outcomes:
+            key = task_key(task)
+            if key not in self._index:
+                continue
+            entry = self.record_of.setdefault(key, [0, 0])
+            entry[0] += int(wins)
+            entry[1] += int(tries)
+
+    def metrics(self) -> dict[str, float]:
+        """The pools' pass rates (``curriculum/pass_rate/<pool>``) and how many tasks are skipped."""
+        out = {
+            f"curriculum/pass_rate/{pool or 'all'}": rate for pool, rate in sorted(self.pool_rates().items())
+        }
+        out["curriculum/num_skipped"] = float((self.weights() == 0).sum())
+        return out
+
+    def position(self) -> dict[str, Any]:
+        return {"seed": self.seed, "draws": self.draws, "records": self.record_of}
+
+    def restore(self, position: dict[str, Any]) -> None:
+        if position.get("seed", self.seed) != self.seed or "records" not in position:
+            raise ValueError(
+                "the checkpoint's data position is not this run's curriculum (another seed, or a run "
+                "without curriculum.enabled); resume with the same seed and curriculum settings"
+            )
+        self.draws = int(position["draws"])
+        self.record_of = {key: [int(w), int(t)] for key, (w, t) in position["records"].items()}

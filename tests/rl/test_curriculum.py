@@ -1,0 +1,68 @@
+"""The adaptive curriculum: hand-worked weights, skipped tasks, draws that follow p(1 - p), exact resume."""
+
+import pytest
+import torch
+
+from rl.curriculum import Curriculum
+
+# two pools of three tasks each
+TASKS = [{"q": f"t{i}", "family": "easy" if i < 3 else "hard"} for i in range(6)]
+
+
+def test_weights_follow_the_pooled_posterior_by_hand():
+    c = Curriculum(TASKS, pool_by=["family"], prior_strength=8.0, min_attempts=16)
+    assert torch.allclose(c.weights(), torch.full((6,), 0.25, dtype=torch.float64))  # untried: p = 1/2
+    c.record([(TASKS[0], 3, 8)])
+    # pool "easy": (3 + 1) / (8 + 2) = 0.4; task 0: (3 + 8 * 0.4) / (8 + 8) = 0.3875; tasks 1, 2: 0.4
+    assert c.pool_rates() == {"easy": pytest.approx(0.4), "hard": pytest.approx(0.5)}
+    w = c.weights()
+    assert w[0].item() == pytest.approx(0.3875 * 0.6125)
+    assert w[1].item() == w[2].item() == pytest.approx(0.4 * 0.6)
+    assert w[3].item() == pytest.approx(0.25)
+
+
+def test_mastered_and_hopeless_tasks_are_skipped_once_seen_enough():
+    c = Curriculum(TASKS, pool_by=["family"], min_attempts=16)
+    c.record([(TASKS[0], 8, 8), (TASKS[3], 0, 8)])
+    assert (c.weights() > 0).all()  # 8 attempts are not yet enough to give up on a task
+    c.record([(TASKS[0], 8, 8), (TASKS[3], 0, 8), (TASKS[4], 1, 16)])
+    w = c.weights()
+    assert w[0] == 0 and w[3] == 0 and w[4] > 0
+    for _ in range(30):
+        drawn = c.next_batch(4)
+        assert TASKS[0] not in drawn and TASKS[3] not in drawn
+        assert len({row["q"] for row in drawn}) == 4  # distinct while enough tasks are live
+
+
+def test_draws_favour_the_pool_nearest_one_half():
+    tasks = [{"q": f"e{i}", "family": "easy"} for i in range(50)]
+    tasks += [{"q": f"m{i}", "family": "mid"} for i in range(50)]
+    c = Curriculum(tasks, pool_by=["family"], prior_strength=8.0)
+    c.record([(tasks[0], 190, 200), (tasks[50], 100, 200)])  # pools at ~0.95 and 0.5
+    counts = {"easy": 0, "mid": 0}
+    for _ in range(200):
+        for row in c.next_batch(2):
+            counts[row["family"]] += 1
+    # weights ~0.05 against 0.25: the mid pool should get about 5/6 of the draws
+    assert counts["mid"] > 3 * counts["easy"]
+
+
+def test_position_restores_the_same_next_draws_and_refuses_another_seed():
+    a = Curriculum(TASKS, seed=3, pool_by=["family"])
+    a.record([(TASKS[1], 2, 8)])
+    a.next_batch(2)
+    b = Curriculum(TASKS, seed=3, pool_by=["family"])
+    b.restore(a.position())
+    assert [a.next_batch(3) for _ in range(5)] == [b.next_batch(3) for _ in range(5)]
+    with pytest.raises(ValueError, match="same seed"):
+        Curriculum(TASKS, seed=4).restore(a.position())
+
+
+def test_rows_not_in_the_training_set_are_ignored_and_bad_settings_refused():
+    c = Curriculum(TASKS)
+    c.record([({"q": "held-out"}, 1, 8)])
+    assert c.record_of == {}
+    with pytest.raises(ValueError, match="curriculum.prior_strength"):
+        Curriculum(TASKS, prior_strength=-1)
+    with pytest.raises(ValueError, match="task set is empty"):
+        Curriculum([])

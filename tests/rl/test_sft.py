@@ -1,0 +1,107 @@
+"""The supervised warm start: SQL demonstrations are right, and one step follows the NLL gradient."""
+
+import pytest
+import torch
+
+from envs.sql.generator import generate_sql_tasks
+from envs.sql.grading import grade_completion
+from envs.sql.single_turn import SqlEnv
+from rl.lora import add_lora
+from rl.models import load_model
+from rl.rollout import prompt_token_ids
+from rl.sft import Demonstration, DemoSampler, demonstrations, sft_step
+
+PREFIX = "```sql\nSELECT"
+
+
+@pytest.fixture(scope="module")
+def sql_tasks(tmp_path_factory):
+    tasks = generate_sql_tasks(seed=0, db_dir=str(tmp_path_factory.mktemp("sft_tasks")), scale=0.2)
+    return list(tasks["train"].select(range(0, len(tasks["train"]), 9)))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_model("tiny_llama", seed=3)
+    return add_lora(model, rank=4, alpha=8.0, target_modules="all"), tokenizer
+
+
+def test_every_sql_demonstration_is_graded_an_execution_match(sql_tasks):
+    env = SqlEnv(response_prefix=PREFIX)
+    for task in sql_tasks:
+        text = env.demonstration(task)
+        assert text.startswith(PREFIX)
+        assert grade_completion(task, text).match, (task["gold_sql"], text)
+
+
+def test_a_demonstration_is_the_rollout_prompt_then_the_rest_of_the_gold_reply(sql_tasks, tiny):
+    _, tokenizer = tiny
+    env = SqlEnv(response_prefix=PREFIX)
+    demos = demonstrations(env, sql_tasks, tokenizer, group_by="db_id")
+    assert len(demos) == len(sql_tasks)
+    for demo, task in zip(demos, sql_tasks, strict=True):
+        assert demo.prompt_ids == prompt_token_ids(tokenizer, env.start(task).messages, PREFIX)
+        assert PREFIX + tokenizer.decode(demo.completion_ids) == f"```sql\n{task['gold_sql']}\n```"
+        assert demo.group == task["db_id"]
+
+
+def test_an_env_without_demonstrations_is_refused_with_the_fix(sql_tasks, tiny):
+    class NoDemos:
+        max_turns = 1
+
+    with pytest.raises(ValueError, match="no demonstration\\(task\\) method.*sft.steps=0"):
+        demonstrations(NoDemos(), sql_tasks, tiny[1])
+
+
+def test_sampler_batches_come_from_one_group_and_repeat_for_a_seed():
+    demos = [Demonstration([1, 2], [3], group) for group in "aaaaabbbcc" for _ in range(2)]
+    batches = [DemoSampler(demos, batch_size=3, seed=7) for _ in range(2)]
+    drawn = [[b.next_batch() for _ in range(20)] for b in batches]
+    assert drawn[0] == drawn[1]
+    for batch in drawn[0]:
+        assert len({d.group for d in batch}) == 1 and len(batch) == 3
+    assert {batch[0].group for batch in drawn[0]} == {"a", "b", "c"}
+    with pytest.raises(ValueError, match="sft.batch_size"):
+        DemoSampler(demos, batch_size=0)
+
+
+def reference_nll(model, demos):
+    """Per-sequence mean NLL of the completions from plain HF forwards, one row at a time."""
+    losses = []
+    for demo in demos:
+        ids = torch.tensor([demo.prompt_ids + demo.completion_ids])
+        logits = model(input_ids=ids).logits[0, len(demo.prompt_ids) - 1 : -1]
+        target = torch.tensor(demo.completion_ids)
+        losses.append(torch.nn.functional.cross_entropy(logits.float(), target))
+    return torch.stack(losses).mean()
+
+
+def test_one_step_has_the_gradient_of_the_mean_sequence_nll(tiny):
+    model, _ = tiny
+    torch.manual_seed(0)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0.0, 0.05)
+    # two rows share a 5-token prompt prefix (the trainer runs it once), one does not
+    demos = [
+        Demonstration([5, 6, 7, 8, 9, 10], [11, 12, 13], "x"),
+        Demonstration([5, 6, 7, 8, 9, 20, 21], [22, 23], "x"),
+        Demonstration([30, 31], [32, 33, 34, 35], "y"),
+    ]
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.zero_grad()
+    expected_loss = reference_nll(model, demos)
+    expected_loss.backward()
+    expected = [p.grad.clone() for p in params]
+    model.zero_grad()
+
+    class Recorder(torch.optim.SGD):
+        def step(self, closure=None):
+            self.seen = [p.grad.clone() for p in params]
+
+    optimizer = Recorder(params, lr=0.0)
+    metrics = sft_step(model, optimizer, demos, pad_token_id=0, micro_batch_size=2, max_grad_norm=None)
+    assert metrics["sft/nll"] == pytest.approx(expected_loss.item(), rel=1e-5)
+    assert metrics["sft/num_tokens"] == 9
+    for got, want in zip(optimizer.seen, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
