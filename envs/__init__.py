@@ -7,14 +7,15 @@ from envs.base import (
     Segment,
     StepResult,
     start_episodes,
-    step_episodes,
     tokenize_segments,
 )
 from envs.registry import BUILTIN_ENVS, ENTRY_POINT_GROUP, available_envs, make_env
 from envs.rewards import RewardBreakdown, RewardFn, WeightedRewards
+from envs.stepping import DEFAULT_STEP_TIMEOUT_S, step_episodes
 
 __all__ = [
     "BUILTIN_ENVS",
+    "DEFAULT_STEP_TIMEOUT_S",
     "ENTRY_POINT_GROUP",
     "Env",
     "EnvError",

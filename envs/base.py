@@ -2,21 +2,16 @@
 
 An episode's ``messages`` are the first chat turns. The model's reply goes to ``step(action_text)``; the
 returned ``StepResult.observation`` (text, or None) is environment-written, so its tokens must be masked
-out of the loss (``Segment(trainable=False)`` / ``tokenize_segments``). ``step_episodes`` steps many
-episodes at once and turns an exception inside a plugin's ``step`` into reward 0 plus an error in ``info``,
-never a crash.
+out of the loss (``Segment(trainable=False)`` / ``tokenize_segments``). ``envs.stepping.step_episodes``
+steps many episodes at once, each under a time limit, and turns an exception, a hang or a reward that is not
+a finite number inside a plugin's ``step`` into reward 0 plus an error in ``info``, never a crash.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
-
-logger = logging.getLogger(__name__)
 
 Message = dict[str, str]
 
@@ -25,7 +20,8 @@ Message = dict[str, str]
 class StepResult:
     """What an environment returns for one action.
 
-    ``reward`` is the weighted total; ``rewards`` holds each named component unweighted, for logging.
+    ``reward`` is the weighted total; ``rewards`` holds each named component unweighted, for logging. Both
+    must be finite numbers: anything else fails the episode (see ``envs.stepping``).
     """
 
     observation: str | None
@@ -54,7 +50,9 @@ class Env(Protocol):
     model's first reply (e.g. "```sql\nSELECT"), placed after the prompt so the model continues it. The
     prefix is part of the prompt, never trained on, and is put back in front of the first action. An env
     that can show an ideal first reply declares ``demonstration(task) -> str | None`` (starting with the
-    response prefix); a supervised warm start (``sft.steps``) trains on those before GRPO.
+    response prefix); a supervised warm start (``sft.steps``) trains on those before GRPO. An env that
+    can tell a task row it cannot play declares ``check_task(task)``, raising ValueError that says why;
+    every row is checked once when the tasks load (``envs.tasks.task_splits``).
     """
 
     max_turns: int
@@ -85,43 +83,6 @@ def plugin_name(obj: object) -> str:
     """The dotted name of the class behind an env or episode, used in error messages."""
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _safe_step(episode: Episode, action_text: str) -> StepResult:
-    try:
-        result = episode.step(action_text)
-        if not isinstance(result, StepResult):
-            raise TypeError(f"step() returned {type(result).__name__}, expected envs.StepResult")
-        return result
-    except Exception as exc:  # a broken plugin must not end a training run
-        name = plugin_name(episode)
-        logger.warning(
-            "env plugin %s raised in step(): %s: %s; reward set to 0", name, type(exc).__name__, exc
-        )
-        return StepResult(None, 0.0, True, info={"error": f"{type(exc).__name__}: {exc}", "plugin": name})
-
-
-_step_pool: ThreadPoolExecutor | None = None
-_step_pool_lock = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _step_pool
-    with _step_pool_lock:
-        if _step_pool is None:
-            _step_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="env-step")
-        return _step_pool
-
-
-def step_episodes(episodes: Sequence[Episode], actions: Sequence[str]) -> list[StepResult]:
-    """Step each episode with its action concurrently (their SQL runs in parallel); results keep the order."""
-    if len(episodes) != len(actions):
-        raise ValueError(
-            f"got {len(episodes)} episodes but {len(actions)} actions; pass one action per episode"
-        )
-    if len(episodes) <= 1:
-        return [_safe_step(e, a) for e, a in zip(episodes, actions, strict=True)]
-    return list(_pool().map(_safe_step, episodes, actions))
 
 
 def start_episodes(env: Env, tasks: Sequence[Mapping[str, Any]]) -> list[Episode]:

@@ -65,10 +65,12 @@ def wilson_interval(accuracy: float, num_tasks: int, z: float = 1.959964) -> tup
 
 
 def succeeded(trajectory: Trajectory) -> bool:
-    """Success is a full `execution` component when the env reports one, else a positive reward."""
-    if SUCCESS_COMPONENT in trajectory.rewards:
-        return trajectory.rewards[SUCCESS_COMPONENT] >= 1.0
-    return trajectory.reward > 0
+    """Success is a full `execution` component when the env reports one, else a positive reward; a
+    non-finite value (which `envs.step_episodes` never lets through) is never a success."""
+    value = trajectory.rewards.get(SUCCESS_COMPONENT, trajectory.reward)
+    if not math.isfinite(value):
+        return False
+    return value >= 1.0 if SUCCESS_COMPONENT in trajectory.rewards else value > 0
 
 
 def evaluate(

@@ -33,7 +33,8 @@ class Trajectory:
     truncated: bool = False
     num_turns: int = 0
     done: bool = False
-    error: str | None = None
+    error: str | None = None  # the env plugin's failure (an exception, a bad reward, a timeout)
+    timed_out: bool = False  # the plugin's step ran past its time limit
     text: str = ""
 
     def append(self, token_ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
@@ -106,6 +107,7 @@ def _record_step(traj: Trajectory, step: Any, tokenizer: Any, max_completion_tok
         traj.rewards[name] = traj.rewards.get(name, 0.0) + value
     if "error" in step.info and step.info.get("plugin"):
         traj.error = str(step.info["error"])
+        traj.timed_out = bool(step.info.get("timeout"))
     traj.done = step.done
     if not step.done and step.observation:
         traj.append(tokenizer.encode(step.observation, add_special_tokens=False), None)

@@ -26,6 +26,7 @@ RANK_REDUCERS = {
     "rollout/preemptions": sum,
     "rollout/prefix_cache_hits": sum,
     "env/errors": sum,
+    "env/timeouts": sum,
     "num_tokens": sum,
     "num_skipped_steps": max,
     "completions/min_length": min,
@@ -66,7 +67,8 @@ class StepTimer:
 
 
 def reward_metrics(trajectories: Sequence[Sequence[Trajectory]], rewards: torch.Tensor) -> dict[str, float]:
-    """reward, rewards/<component>, reward_std, frac_reward_zero_std and env error counts."""
+    """reward, rewards/<component>, reward_std, frac_reward_zero_std and env failure counts: env/errors
+    (episodes a plugin failed: it raised, hung or gave a bad reward) and env/timeouts (those that hung)."""
     stats = reward_stats(rewards)
     flat = [t for group in trajectories for t in group]
     out = {
@@ -74,6 +76,7 @@ def reward_metrics(trajectories: Sequence[Sequence[Trajectory]], rewards: torch.
         "reward_std": stats.reward_std,
         "frac_reward_zero_std": stats.frac_reward_zero_std,
         "env/errors": float(sum(t.error is not None for t in flat)),
+        "env/timeouts": float(sum(t.timed_out for t in flat)),
         "env/mean_turns": sum(t.num_turns for t in flat) / len(flat),
     }
     for name in sorted({name for t in flat for name in t.rewards}):

@@ -91,7 +91,7 @@ def test_broken_plugins_are_named(plugin_module):
 def test_exception_in_step_becomes_zero_reward(plugin_module, caplog):
     env = make_env("local_plugins.FlakyEnv")
     episodes = start_episodes(env, [{}, {}, {}])
-    with caplog.at_level(logging.WARNING, logger="envs.base"):
+    with caplog.at_level(logging.WARNING, logger="envs.stepping"):
         results = step_episodes(episodes, ["fine", "crash", "fine"])
     assert [r.reward for r in results] == [1.0, 0.0, 1.0]
     assert results[1].done and results[1].info["error"] == "ZeroDivisionError: flaky step"
