@@ -13,7 +13,7 @@ from typing import Any
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
 from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
-from envs.sql.prompts import format_result, task_messages
+from envs.sql.prompts import check_sql_task, format_result, task_messages
 from envs.sql.sandbox import execute
 
 MULTI_TURN_INSTRUCTIONS = (
@@ -102,6 +102,10 @@ class SqlMultiTurnEnv:
         self.observation_max_rows = observation_max_rows
         self.observation_max_chars = observation_max_chars
         self.response_prefix = response_prefix
+
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        """Refuse a task row this env cannot play (see ``prompts.check_sql_task``); run at task load."""
+        check_sql_task(task)
 
     def start(self, task: Mapping[str, Any]) -> SqlMultiTurnEpisode:
         """Open an episode; the instructions state the tags and the turn budget."""

@@ -10,6 +10,7 @@ An opening tag or fence that is never closed runs to the end of the text (genera
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from functools import lru_cache
@@ -110,11 +111,29 @@ def format_result(result: QueryResult, max_rows: int = 10, max_chars: int = 1000
 _REQUIRED_TASK_KEYS = ("question", "db_path", "gold_sql")
 
 
-def task_messages(task: Mapping[str, Any], instructions: str, sample_rows: int = 0) -> list[dict[str, str]]:
-    """Chat messages for a task row; the schema is rendered again from the database to add sample rows."""
+def check_sql_task(task: Mapping[str, Any]) -> None:
+    """Refuse a row an SQL env cannot play: a key missing or not a non-empty string, or no database file.
+
+    A row's ``schema`` only describes the database; grading runs queries against ``db_path``, so without
+    the file every completion would score as failed SQL.
+    """
     missing = [key for key in _REQUIRED_TASK_KEYS if key not in task]
     if missing:
         raise ValueError(f"task row lacks {missing}; SQL tasks need the keys {list(_REQUIRED_TASK_KEYS)}")
+    for key in _REQUIRED_TASK_KEYS:
+        if not isinstance(task[key], str) or not task[key].strip():
+            raise ValueError(f"the task's {key!r} is {task[key]!r}; it must be a non-empty string")
+    if not os.path.isfile(task["db_path"]):
+        raise ValueError(
+            f"the task's database db_path={task['db_path']!r} does not exist; queries are graded by running "
+            "them on it (a 'schema' alone is not enough): fix the path, or regenerate the tasks"
+        )
+
+
+def task_messages(task: Mapping[str, Any], instructions: str, sample_rows: int = 0) -> list[dict[str, str]]:
+    """Chat messages for a task row (checked by ``check_sql_task``); the schema is rendered again from the
+    database to add sample rows."""
+    check_sql_task(task)
     schema = task.get("schema") if sample_rows == 0 else None
     if not schema:
         schema = render_schema(task["db_path"], sample_rows)

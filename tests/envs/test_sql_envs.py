@@ -138,3 +138,22 @@ def test_partial_credit_component_and_response_prefix(task):
     with pytest.raises(ValueError, match="partial_weight"):
         SqlEnv(partial_weight=-0.5)
     assert SqlMultiTurnEnv(partial_weight=0.5).rewards.terms["partial"][1] == 0.5
+
+
+@pytest.mark.parametrize("env_class", [SqlEnv, SqlMultiTurnEnv])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"db_path": "/no/such/staff.sqlite"}, "db_path='/no/such/staff.sqlite' does not exist"),
+        ({"question": None}, "the task's 'question' is None; it must be a non-empty string"),
+        ({"gold_sql": "  "}, "the task's 'gold_sql' is '  '; it must be a non-empty string"),
+    ],
+)
+def test_a_task_the_env_cannot_play_is_refused_before_any_reward(task, env_class, change, message):
+    bad = {**task, **change}  # the row still carries a schema, so a prompt could be written without the file
+    env = env_class()
+    with pytest.raises(ValueError, match=message):
+        env.check_task(bad)
+    with pytest.raises(ValueError, match=message):
+        env.start(bad)
+    env.check_task(task)
