@@ -47,6 +47,10 @@ STEP_DIR = re.compile(r"step_(\d+)")
 PARTIAL = re.compile(r"\.(tmp|old)-.*\.(?P<host>[^.]+)\.(?P<pid>\d+)")
 
 
+class RunDirError(OSError):
+    """The run directory, or a checkpoint in it, cannot be written; the message says why and what to do."""
+
+
 @dataclass(slots=True)
 class ResumeState:
     """What a loaded checkpoint tells the loop: where it was and how it was configured."""
@@ -86,19 +90,64 @@ def save_checkpoint(
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be a positive number of checkpoints or None, got {keep_last}.")
     state_json = _state_json(step, data_position)
-    final = checkpoint_dir(run_dir, step)
-    root = final.parent
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_partial_saves(root)
-    tmp = root / f".tmp-step_{step}.{_owner()}"
-    tmp.mkdir()
-    model.save_pretrained(tmp / ADAPTER)
     trainer_state = {
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": _rng_state(),
     }
-    torch.save(trainer_state, tmp / TRAINER_STATE)
+    final = checkpoint_dir(run_dir, step)
+    try:
+        return _save(final, model, trainer_state, state_json, config_yaml, keep_last)
+    except OSError as err:
+        raise RunDirError(
+            f"could not save the checkpoint of step {step} in {final.parent}: {type(err).__name__}: "
+            f"{err}. The checkpoints saved before it are intact; free disk space or fix the directory, then "
+            "continue with resume=true"
+        ) from err
+
+
+def check_run_dir(run_dir: str | os.PathLike) -> None:
+    """Refuse, before any work starts, a run directory that cannot hold the logs and checkpoints."""
+    path = Path(run_dir)
+    checkpoints = path / CHECKPOINTS
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        for directory in (path, checkpoints):
+            if directory.is_dir():
+                probe = directory / f".write-test.{_owner()}"
+                probe.write_bytes(b"")
+                probe.unlink()
+    except OSError as err:
+        raise RunDirError(
+            f"run_dir={run_dir} cannot be written ({type(err).__name__}: {err}); pass run_dir=<a writable "
+            "directory>"
+        ) from None
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise RunDirError(
+            f"{checkpoints} is a file, but checkpoints are saved in a directory of that name: move the file "
+            "away or pass another run_dir"
+        )
+
+
+def _save(
+    final: Path,
+    model: PeftModel,
+    trainer_state: dict[str, Any],
+    state_json: str,
+    config_yaml: str,
+    keep_last: int | None,
+) -> Path:
+    """Write the checkpoint into a temporary directory, then rename it to ``final`` (see the module doc)."""
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_partial_saves(root)
+    tmp = root / f".tmp-{final.name}.{_owner()}"
+    tmp.mkdir()
+    model.save_pretrained(tmp / ADAPTER)
+    try:
+        torch.save(trainer_state, tmp / TRAINER_STATE)
+    except RuntimeError as err:  # torch reports a failed write (a full disk) as a RuntimeError
+        raise OSError(f"torch.save could not write {tmp / TRAINER_STATE}: {err}") from err
     (tmp / CONFIG).write_text(config_yaml)
     (tmp / STATE).write_text(state_json)
     _fsync_tree(tmp)

@@ -1,5 +1,6 @@
 """Checkpoints: exact round trips, resume equal to an uninterrupted run, and saves that survive kills."""
 
+import contextlib
 import os
 import random
 import subprocess
@@ -21,7 +22,7 @@ from loop_models import (
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from rl import checkpoint
-from rl.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from rl.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
 
 CONFIG_YAML = "trainer:\n  lr: 0.01\nalgo:\n  group_size: 4\n"
 REPO = Path(__file__).resolve().parents[2]
@@ -254,3 +255,57 @@ def test_partial_saves_of_live_processes_or_other_hosts_are_left_alone(tmp_path,
     assert live.is_dir() and remote.is_dir()
     live.rename(own)  # the same leftover from this (synchronous, so finished) process is cleaned
     assert find_latest(tmp_path).name == "step_1" and not own.exists() and remote.is_dir()
+
+
+@contextlib.contextmanager
+def immutable(path: Path):
+    """A directory nobody, root included, can write into (chattr +i), or a skip where that is unsupported."""
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_run_dir_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    check_run_dir(tmp_path / "new" / "run")  # made when missing
+    assert (tmp_path / "new" / "run").is_dir() and list((tmp_path / "new" / "run").iterdir()) == []
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(RunDirError, match=r"run_dir=.*a_file cannot be written \(FileExistsError"):
+        check_run_dir(tmp_path / "a_file")
+    (tmp_path / "run" / "checkpoints").parent.mkdir()
+    (tmp_path / "run" / "checkpoints").write_text("")
+    with pytest.raises(RunDirError, match=r"checkpoints is a file, but checkpoints are saved in a directory"):
+        check_run_dir(tmp_path / "run")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with immutable(locked), pytest.raises(RunDirError, match=r"locked cannot be written \(PermissionError"):
+        check_run_dir(locked)
+
+
+def test_a_save_that_cannot_write_is_one_message_and_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
+    model, optimizer, scheduler, _ = trained(1)
+    save_checkpoint(tmp_path, 1, model, optimizer, scheduler, {"index": 1})
+
+    def disk_full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(RunDirError) as err:
+        save_checkpoint(tmp_path, 2, model, optimizer, scheduler, {"index": 2})
+    monkeypatch.undo()
+    message = str(err.value)
+    assert message.startswith(f"could not save the checkpoint of step 2 in {tmp_path / 'checkpoints'}: ")
+    assert "torch.save could not write" in message and "inline_container.cc" in message
+    assert "saved before it are intact" in message and "resume=true" in message
+    assert find_latest(tmp_path).name == "step_1"
+
+    blocked = tmp_path / "blocked"
+    (blocked / "checkpoints").parent.mkdir()
+    (blocked / "checkpoints").write_text("")  # a file where the checkpoint directory goes
+    with pytest.raises(RunDirError, match="could not save the checkpoint of step 1 .*FileExistsError"):
+        save_checkpoint(blocked, 1, model, optimizer, scheduler)
+    with immutable(tmp_path / "checkpoints"), pytest.raises(RunDirError, match="PermissionError"):
+        save_checkpoint(tmp_path, 3, model, optimizer, scheduler)
+    assert find_latest(tmp_path).name == "step_1"
