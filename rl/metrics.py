@@ -3,7 +3,8 @@
 ``RUN_DIR/metrics.jsonl`` holds one JSON object per ``log`` call: ``step``, ``time`` (Unix seconds) and the
 metrics under their own names (``reward``, ``rewards/<component>``, ``kl``, ``rollout/tokens_per_s`` ...).
 ``RUN_DIR/samples.jsonl`` holds the sampled prompts, completions and rewards. W&B is a mirror: any failure in
-it becomes one warning, W&B is switched off and the JSONL logs go on.
+it becomes one warning, W&B is switched off and the JSONL logs go on. ``RUN_DIR/wandb_run_id`` holds the W&B
+run's id, so a resumed run (``resume=True``) goes on logging into the same W&B run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tqdm.auto import tqdm
 WANDB_MODES = ("offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
+WANDB_RUN_ID_FILE = "wandb_run_id"
 RESERVED = ("step", "time", "stage")
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward")
 # The metrics a training run logs: TRL's names plus the engine's own. "rewards/" stands for one metric per
@@ -90,6 +92,7 @@ class RunLogger:
         start_step: int = 0,
         sample_every: int = 10,
         progress: bool = True,
+        resume: bool = False,
     ):
         if wandb_mode not in WANDB_MODES:
             raise ValueError(
@@ -109,7 +112,7 @@ class RunLogger:
         self._wandb = None
         self._run = None
         if wandb_mode != "disabled":
-            self._start_wandb(project, run_name, wandb_mode, config, wandb_dir)
+            self._start_wandb(project, run_name, wandb_mode, config, wandb_dir, resume)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Append one step's metrics (floats, ints, 0-d tensors) to the JSONL log, W&B and the bar."""
@@ -154,9 +157,13 @@ class RunLogger:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _start_wandb(self, project, run_name, mode, config, wandb_dir) -> None:
+    def _start_wandb(self, project, run_name, mode, config, wandb_dir, resume) -> None:
+        """Start a W&B run, or with ``resume`` continue the one whose id this run directory holds."""
+        id_file = self.run_dir / WANDB_RUN_ID_FILE
         try:
             import wandb
+
+            run_id = id_file.read_text().strip() if resume and id_file.is_file() else ""
 
             directory = Path(wandb_dir or os.environ.get("WANDB_DIR") or self.run_dir)
             directory.mkdir(parents=True, exist_ok=True)
@@ -169,7 +176,10 @@ class RunLogger:
                 dir=directory,
                 config=dict(config or {}),
                 settings=settings,
+                id=run_id or None,
+                resume="allow" if run_id else None,
             )
+            id_file.write_text(self._run.id)
             self._wandb = wandb
         except Exception as error:  # no W&B (not installed, no login, no network) still leaves the JSONL log
             self._wandb_failed(error)

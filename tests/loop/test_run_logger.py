@@ -216,3 +216,28 @@ def test_missing_metrics_names_what_a_log_lacks():
         "kl",
     ]
     assert missing_metrics(["rewards"]) == list(METRIC_NAMES)
+
+
+def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
+    calls = []
+
+    class FakeRun:
+        def __init__(self, run_id):
+            self.id = run_id
+
+        def finish(self):
+            pass
+
+    def fake_init(**kwargs):
+        calls.append(kwargs)
+        return FakeRun(kwargs["id"] or f"run{len(calls)}")
+
+    monkeypatch.setattr(wandb, "init", fake_init)
+    RunLogger(tmp_path, progress=False).close()
+    assert (tmp_path / "wandb_run_id").read_text() == "run1"
+    RunLogger(tmp_path, progress=False, resume=True).close()
+    RunLogger(tmp_path, progress=False).close()  # no resume: a new W&B run, whose id is kept from now on
+    assert [(c["id"], c["resume"]) for c in calls] == [(None, None), ("run1", "allow"), (None, None)]
+    assert (tmp_path / "wandb_run_id").read_text() == "run3"
+    RunLogger(tmp_path / "fresh", progress=False, resume=True).close()  # resume=true before any W&B run
+    assert (calls[-1]["id"], calls[-1]["resume"]) == (None, None)
