@@ -1,13 +1,16 @@
 """The sandbox refuses or cuts off hostile SQL, and the database file never changes."""
 
 import hashlib
+import math
 import os
 import sqlite3
 import threading
+import time
+import tracemalloc
 
 import pytest
 
-from envs.sql import QueryResult, SqlExecutor, execute
+from envs.sql import QueryResult, SqlExecutor, execute, sandbox
 
 RUNAWAY_CTE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 ATTACKS = {
@@ -30,7 +33,37 @@ ATTACKS = {
     "many statements": "SELECT 1; DROP TABLE emp",
     "many selects": "SELECT 1; SELECT 2",
     "huge blob": "SELECT zeroblob(2000000000)",
+    # virtual tables other than the read-only json_each, json_tree and schema pragmas stay denied
+    "dbstat": "SELECT * FROM dbstat",
+    "database_list": "SELECT * FROM pragma_database_list",
+    "journal_mode vtab": "SELECT * FROM pragma_journal_mode",
 }
+
+
+def counting_to(n: int) -> str:
+    return f"WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c LIMIT {n}) "
+
+
+# Each is one VM operation, quadratic in its arguments' lengths: the old sandbox ran them for 4-12 s.
+ONE_LONG_OPERATION = {
+    "like": "SELECT printf('%.*c', 200000, 'a') LIKE '%' || printf('%.*c', 20000, 'a') || 'b'",
+    "glob": "SELECT printf('%.*c', 200000, 'a') GLOB '*' || printf('%.*c', 20000, 'a') || 'b'",
+    "instr": "SELECT instr(printf('%.*c', 999000, 'a'), printf('%.*c', 499000, 'a') || 'b')",
+    "trim": "SELECT ltrim(printf('%.*c', 200000, 'a'), printf('%.*c', 20000, 'b') || 'a')",
+}
+# About 0.05 s of LIKE on every row of big; random() stops SQLite from computing it once for all rows.
+SLOW_ON_EVERY_ROW = (
+    "SELECT printf('%.*c', 30000 + (random() & 1), 'a') LIKE '%' || printf('%.*c', 900, 'a') || 'b' FROM big"
+)
+
+
+def traced_peak(fn):
+    """``fn()`` and the peak bytes Python allocated while it ran."""
+    tracemalloc.start()
+    try:
+        return fn(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def sha256(path) -> str:
@@ -180,3 +213,120 @@ def test_threads_hold_their_own_connections(staff_db):
         t.join()
     assert not errors
     assert results == [[(373001.5,)]] * 200
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(ONE_LONG_OPERATION))
+def test_one_long_operation_cannot_outlast_the_time_limit(staff_db, name):
+    start = time.monotonic()
+    result = execute(staff_db, ONE_LONG_OPERATION[name], timeout_s=0.2)
+    assert time.monotonic() - start < 3 * 0.2
+    assert not result.ok or result.rows == [(None,)]  # refused, or printf's too-long string became NULL
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_operation_on_every_row_is_stopped_between_rows(staff_db):
+    start = time.monotonic()
+    result = execute(staff_db, SLOW_ON_EVERY_ROW, timeout_s=0.5)
+    assert not result.ok and "time limit" in result.error
+    assert time.monotonic() - start < 3 * 0.5
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_slow_queries_each_keep_the_time_limit(staff_db):
+    executor = SqlExecutor(num_threads=8)
+    try:
+        start = time.monotonic()
+        results = executor.map([(staff_db, SLOW_ON_EVERY_ROW)] * 8, timeout_s=0.5)
+        assert time.monotonic() - start < 3 * 0.5
+    finally:
+        executor.shutdown()
+    assert all(not r.ok and "time limit" in r.error for r in results)
+
+
+def test_rows_are_counted_against_the_byte_budget_as_they_arrive(staff_db):
+    # 2000 rows of 30 kB are 60 MB; the grader asks for 10,000 rows and no character cap to speak of.
+    sql = counting_to(2000) + "SELECT zeroblob(30000) FROM c"
+    result, peak = traced_peak(lambda: execute(staff_db, sql, max_rows=10_000, max_chars=10**9))
+    assert result.ok and result.truncated and 0 < len(result.rows) < 2000
+    assert result.rows[0] == (bytes(30000),)
+    assert peak < 2 * sandbox.MAX_RESULT_BYTES
+
+
+def test_one_row_cannot_be_huge(staff_db):
+    # 2000 columns sharing one 32 kB value would be a 64 MB row.
+    sql = "SELECT " + ", ".join(["v"] * 2000) + " FROM (SELECT zeroblob(32000) AS v LIMIT 1)"
+    result, peak = traced_peak(lambda: execute(staff_db, sql, max_rows=10_000, max_chars=10**9))
+    assert not result.ok and "too many columns" in result.error
+    assert peak < 2 * sandbox.MAX_RESULT_BYTES
+
+
+def test_tables_wider_than_a_result_can_still_be_read(tmp_path):
+    path = str(tmp_path / "wide.sqlite")
+    conn = sqlite3.connect(path)
+    num_columns = sandbox.MAX_RESULT_COLUMNS + 44
+    conn.execute(f"CREATE TABLE wide ({', '.join(f'c{i}' for i in range(num_columns))})")
+    conn.execute(f"INSERT INTO wide VALUES ({', '.join(str(i) for i in range(num_columns))})")
+    conn.commit()
+    conn.close()
+    assert execute(path, f"SELECT c0, c{num_columns - 1} FROM wide").rows == [(0, num_columns - 1)]
+    assert "too many columns" in execute(path, "SELECT * FROM wide").error
+
+
+def test_concurrent_queries_share_a_global_memory_bound(staff_db, monkeypatch):
+    budget = 1 << 20
+    monkeypatch.setattr(sandbox, "MAX_RESULT_BYTES", budget)
+    # 40 rows of 8 x 32 kB (256 kB) each, 10 MB per query if fetched whole.
+    sql = counting_to(40) + "SELECT " + ", ".join(["zeroblob(32000)"] * 8) + " FROM c"
+    executor = SqlExecutor(num_threads=8)
+    try:
+        results, peak = traced_peak(
+            lambda: executor.map([(staff_db, sql)] * 8, max_rows=10_000, max_chars=10**9)
+        )
+    finally:
+        executor.shutdown()
+    assert all(r.ok and r.truncated and 0 < len(r.rows) < 40 for r in results)
+    assert peak < sandbox.MAX_RUNNING_QUERIES * 2 * budget
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "limits, name",
+    [
+        ({"timeout_s": math.nan}, "timeout_s"),
+        ({"timeout_s": math.inf}, "timeout_s"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"timeout_s": -1.0}, "timeout_s"),
+        ({"timeout_s": "2"}, "timeout_s"),
+        ({"max_rows": -1}, "max_rows"),
+        ({"max_rows": 2.5}, "max_rows"),
+        ({"max_chars": -1}, "max_chars"),
+    ],
+)
+def test_bad_limits_are_refused_at_once(staff_db, limits, name):
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        execute(staff_db, "SELECT note FROM big", **limits)
+    executor = SqlExecutor(num_threads=1)
+    try:
+        with pytest.raises(ValueError, match=f"{name} must be"):
+            executor.submit(staff_db, "SELECT note FROM big", **limits)
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT key, value, type FROM json_each('[1, \"two\", [3]]')",
+        'SELECT fullkey, atom FROM json_tree(\'{"a": {"b": 2}}\')',
+        "SELECT e.name, j.value FROM emp e, json_each('[1, 2]') j WHERE e.id = 1",
+        "SELECT name, type FROM pragma_table_info('emp')",
+        "SELECT name FROM pragma_index_list('emp')",
+    ],
+)
+def test_read_only_table_valued_functions_work(victim_db, sql):
+    before = sha256(victim_db)
+    result = execute(victim_db, sql)
+    assert result.ok, result.error
+    assert result.rows == sqlite3.connect(victim_db).execute(sql).fetchall()
+    assert sha256(victim_db) == before
