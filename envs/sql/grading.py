@@ -9,9 +9,8 @@ from functools import lru_cache, partial
 from typing import Any
 
 from envs.rewards import WeightedRewards
-from envs.sql.match import gold_result, has_top_level_order_by, result_overlap, results_match
+from envs.sql.match import gold_result, has_top_level_order_by, result_overlap, results_match, run_for_grading
 from envs.sql.prompts import extract_sql
-from envs.sql.sandbox import execute
 
 _SQL_FENCE = re.compile(r"```[ \t]*sql\b.*?```", re.DOTALL | re.IGNORECASE)
 
@@ -30,7 +29,7 @@ class SqlGrade:
 
 @lru_cache(maxsize=4096)
 def _grade_sql(db_path: str, gold_sql: str, sql: str, timeout_s: float) -> SqlGrade:
-    pred = execute(db_path, sql, timeout_s=timeout_s, max_rows=10_000, max_chars=10**9)
+    pred = run_for_grading(db_path, sql, timeout_s)
     if not pred.ok:
         return SqlGrade(sql, False, False, pred.error)
     gold = gold_result(db_path, gold_sql, timeout_s)

@@ -23,9 +23,10 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 
-from envs.sql.sandbox import QueryResult, execute
+from envs.sql.sandbox import MAX_RESULT_BYTES, QueryResult, execute
 
 REL_TOL = 1e-6
+MAX_GRADED_ROWS = 10_000
 _MAX_GREEDY_ROWS = 2000
 _TOKEN = re.compile(
     r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|\[[^\]]*\]|--[^\n]*|/\*.*?(?:\*/|$)|[()]|\w+|[^\s\w()]",
@@ -189,17 +190,27 @@ def result_overlap(gold: QueryResult, pred: QueryResult) -> float:
     return recall * min(1.0, len(gold_columns) / len(pred_columns))
 
 
+def run_for_grading(db_path: str, sql: str, timeout_s: float, max_rows: int = MAX_GRADED_ROWS) -> QueryResult:
+    """Run a gold or predicted query whole: up to ``max_rows`` rows, sized only by the sandbox's budget."""
+    return execute(db_path, sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=MAX_RESULT_BYTES)
+
+
 @lru_cache(maxsize=512)
 def _gold_result(db_key: tuple, gold_sql: str, timeout_s: float, max_rows: int) -> QueryResult:
-    result = execute(db_key[0], gold_sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=10**9)
+    result = run_for_grading(db_key[0], gold_sql, timeout_s, max_rows)
     if not result.ok:
         raise GoldQueryError(f"gold query failed on {db_key[0]}: {result.error}\n  query: {gold_sql}")
     if result.truncated:
-        raise GoldQueryError(f"gold query returns more than max_rows={max_rows} rows: {gold_sql}")
+        raise GoldQueryError(
+            f"gold query returns more than max_rows={max_rows} rows or more than the sandbox's "
+            f"{MAX_RESULT_BYTES >> 20} MiB of rows: {gold_sql}"
+        )
     return result
 
 
-def gold_result(db_path: str, gold_sql: str, timeout_s: float = 2.0, max_rows: int = 10_000) -> QueryResult:
+def gold_result(
+    db_path: str, gold_sql: str, timeout_s: float = 2.0, max_rows: int = MAX_GRADED_ROWS
+) -> QueryResult:
     """The (cached) result of a task's reference query; raises ``GoldQueryError`` when it fails."""
     stat = os.stat(db_path)
     return _gold_result(
@@ -208,12 +219,12 @@ def gold_result(db_path: str, gold_sql: str, timeout_s: float = 2.0, max_rows: i
 
 
 def execution_match(
-    db_path: str, gold_sql: str, predicted_sql: str, timeout_s: float = 2.0, max_rows: int = 10_000
+    db_path: str, gold_sql: str, predicted_sql: str, timeout_s: float = 2.0, max_rows: int = MAX_GRADED_ROWS
 ) -> bool:
     """True when ``predicted_sql`` returns the same result as ``gold_sql`` on ``db_path``.
 
     Raises ``GoldQueryError`` when the gold query itself fails; a failing prediction is simply not a match.
     """
     gold = gold_result(db_path, gold_sql, timeout_s, max_rows)
-    pred = execute(db_path, predicted_sql, timeout_s=timeout_s, max_rows=max_rows, max_chars=10**9)
+    pred = run_for_grading(db_path, predicted_sql, timeout_s, max_rows)
     return pred.ok and results_match(gold, pred, ordered=has_top_level_order_by(gold_sql))

@@ -1,10 +1,12 @@
 """execution_match on hand-written pairs over the staff database (see conftest for its rows)."""
 
+import tracemalloc
+
 import pytest
 
 from envs.sql import GoldQueryError, execution_match, has_top_level_order_by
 from envs.sql.match import result_overlap, results_match
-from envs.sql.sandbox import execute
+from envs.sql.sandbox import MAX_RESULT_BYTES, execute
 
 INFINITE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
@@ -181,6 +183,21 @@ def test_truncated_prediction_never_matches(staff_db):
     assert cut.truncated and cut.rows == gold_result.rows
     assert not results_match(gold_result, cut, ordered=False)
     assert result_overlap(gold_result, cut) == 0.0
+
+
+def test_grading_a_huge_prediction_holds_only_the_sandbox_budget(staff_db):
+    # 2000 rows of 30 kB: the grader once fetched all 60 MB of them, and copied them again.
+    pred = (
+        "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c LIMIT 2000) "
+        "SELECT zeroblob(30000) FROM c"
+    )
+    tracemalloc.start()
+    try:
+        assert not execution_match(staff_db, "SELECT id FROM big", pred)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * MAX_RESULT_BYTES
 
 
 def test_failing_gold_query_is_a_task_error(staff_db):
