@@ -3,11 +3,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from rl.config import register_configs
+from rl.config_checks import check_config
+from rl.models import ModelLoadError
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -78,4 +81,72 @@ def test_bad_override_on_the_command_line_is_one_message_not_a_traceback():
     assert result.returncode != 0
     assert "could not be converted to Integer" in result.stderr
     assert "full_key: model.seed" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("group, option", GROUP_OPTIONS)
+def test_every_yaml_holds_values_in_range(compose_train, group, option):
+    check_config(compose_train([f"{group}={option}", "run_dir=/tmp/run"]))
+
+
+@pytest.mark.parametrize(
+    "override, accepted",
+    [
+        ("prompts_per_step=-1", "an integer >= 1"),
+        ("num_steps=0", "an integer >= 1"),
+        ("eval_every=-1", "an integer >= 0"),
+        ("keep_checkpoints=0", "an integer >= 1"),
+        ("rollout.block_size=0", "an integer >= 1"),
+        ("rollout.temperature=nan", "a finite number > 0"),
+        ("rollout.temperature=0", "a finite number > 0"),
+        ("rollout.top_p=0", "a fraction in (0, 1]"),
+        ("rollout.top_p=1.5", "a fraction in (0, 1]"),
+        ("rollout.top_k=0", "-1 (disabled) or an integer >= 1"),
+        ("rollout.memory_fraction=1.5", "a fraction in (0, 1]"),
+        ("rollout.max_tokens=0", "an integer >= 1"),
+        ("algo.group_size=1", "an integer >= 2"),
+        ("env.eval_tasks=0", "an integer >= 1"),
+        ("env.step_timeout_s=inf", "a finite number of seconds > 0"),
+        ("trainer.lr=0", "a finite number > 0"),
+        ("trainer.micro_batch_size=0", "an integer >= 1"),
+        ("sft.steps=-1", "an integer >= 0"),
+        ("sft.batch_size=0", "an integer >= 1"),
+        ("sft.lr=-1e-4", "a finite number > 0"),
+    ],
+)
+def test_a_value_out_of_range_is_refused_naming_the_key_and_the_range(compose_train, override, accepted):
+    key = override.split("=")[0]
+    cfg = compose_train([override, "run_dir=/tmp/run"])
+    with pytest.raises(ValueError) as err:
+        check_config(cfg)
+    assert f"{key}={OmegaConf.select(cfg, key)!r}: use {accepted}" in str(err.value)
+
+
+def test_every_bad_value_is_named_in_one_message(compose_train):
+    cfg = compose_train(["algo.group_size=1", "trainer.lr=0", "run_dir=/tmp/run"])
+    with pytest.raises(ValueError) as err:
+        check_config(cfg)
+    assert str(err.value).splitlines() == [
+        "config values out of range:",
+        "  algo.group_size=1: use an integer >= 2 (GRPO compares the samples of a group)",
+        "  trainer.lr=0.0: use a finite number > 0",
+    ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_on_a_machine_without_one_is_refused_before_any_work(compose_train):
+    with pytest.raises(ModelLoadError, match="model.device=cuda, but torch sees no CUDA GPU here"):
+        check_config(compose_train(["model.device=cuda", "run_dir=/tmp/run"]))
+
+
+def test_a_value_out_of_range_on_the_command_line_is_one_message_not_a_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "train.py", "prompts_per_step=-1", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "error: config values out of range:\n  prompts_per_step=-1: use an integer >= 1" in result.stderr
     assert "Traceback" not in result.stderr

@@ -12,7 +12,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from hydra import compose, initialize_config_dir
 
-from envs import StepResult
+from envs import EnvError, StepResult
 from rl.checkpoint import find_latest
 from rl.config import register_configs
 from rl.lora import lora_tensors
@@ -198,3 +198,50 @@ def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tra
     assert all(math.isfinite(r["sft/nll"]) for r in records if "sft/nll" in r)
     rates = {k: v for k, v in result.history[-1].items() if k.startswith("curriculum/pass_rate/")}
     assert rates and all(0.0 < v < 1.0 for v in rates.values())  # Beta(1, 1) posteriors stay inside
+
+
+def never_built(*args, **kwargs):
+    raise AssertionError("build_parts ran: the check came too late")
+
+
+@pytest.mark.parametrize("override", ["prompts_per_step=-1", "algo.group_size=1", "rollout.temperature=nan"])
+def test_a_value_out_of_range_stops_the_run_before_the_model_loads(
+    train_module, tmp_path, monkeypatch, override
+):
+    monkeypatch.setattr(train_module, "build_parts", never_built)
+    with pytest.raises(ValueError, match=f"config values out of range:\n  {override.split('=')[0]}="):
+        train_module.train(compose_cfg(tmp_path, override))
+    with pytest.raises(ValueError, match="config values out of range"):
+        train_module.eval_only(compose_cfg(tmp_path, override, "mode=eval"))
+
+
+def test_a_run_dir_that_is_a_file_stops_the_run_before_the_model_loads(train_module, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "build_parts", never_built)
+    (tmp_path / "run").write_text("")
+    with pytest.raises(train_module.RunDirError, match="run_dir=.*run cannot be written"):
+        train_module.train(compose_cfg(tmp_path / "run"))
+
+
+def test_resume_without_a_checkpoint_says_so_and_starts_at_step_0(train_module, tmp_path, capsys):
+    parts = types.SimpleNamespace(dist=train_module.dp.SINGLE_PROCESS)
+    assert train_module.resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None) == 0
+    assert f"resume=true, but {tmp_path} holds no complete checkpoint: training starts at step 0" in (
+        capsys.readouterr().out
+    )
+    assert train_module.resume(compose_cfg(tmp_path), parts, None, None, None) == 0
+    assert capsys.readouterr().out == ""  # no resume asked, nothing to say
+
+
+def list_tasks():
+    return [{"question": "a row"}] * 10
+
+
+PLUGIN.list_tasks = list_tasks
+
+
+def test_a_task_source_returning_a_list_is_one_error_naming_it(train_module, tmp_path):
+    cfg = compose_cfg(tmp_path, *VOWELS, "env.tasks._target_=e2e_vowel_env.list_tasks")
+    with pytest.raises(
+        EnvError, match="the task source e2e_vowel_env.list_tasks returned a list; it must return"
+    ):
+        train_module.build_parts(cfg)
