@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_STEP_TIMEOUT_S = 60.0
 NUM_WORKERS = 8
 MAX_HUNG_STEPS = 64  # steps still stuck in abandoned threads; past this the plugin hangs, it is not slow
+_WAKE_S = 0.25  # the longest the main thread sleeps while steps run (see _wait_or_time_out)
 
 
 def step_episodes(
@@ -177,7 +178,8 @@ _WORKERS = _StepWorkers(NUM_WORKERS)
 def _wait_or_time_out(calls: Sequence[_StepCall], timeout_s: float) -> None:
     """Block until every call has a result, failing each one still running ``timeout_s`` after it began.
 
-    The wait never blocks without a timeout, so Ctrl-C interrupts it at once.
+    The main thread wakes at least every ``_WAKE_S``: Ctrl-C's SIGINT may be delivered to a worker thread,
+    and Python raises KeyboardInterrupt only in the main thread, the next time it runs.
     """
     while pending := [call for call in calls if not call.future.done()]:
         now = time.monotonic()
@@ -189,6 +191,6 @@ def _wait_or_time_out(calls: Sequence[_StepCall], timeout_s: float) -> None:
         next_deadline = min(deadlines, default=now + timeout_s)
         wait(
             [call.future for call in pending],
-            timeout=max(next_deadline - now, 0.0),
+            timeout=min(max(next_deadline - now, 0.0), _WAKE_S),
             return_when=FIRST_COMPLETED,
         )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from envs import StepResult, step_episodes
+from envs import EnvError, StepResult, step_episodes, stepping
 from envs.stepping import NUM_WORKERS
 from rl.evaluate import succeeded
 from rl.rollout import Trajectory, _record_step
@@ -73,6 +73,12 @@ def test_more_hung_steps_than_workers_never_block_the_pool():
     assert [r.reward for r in fine] == [float(i) for i in range(2 * NUM_WORKERS)]
 
 
+def test_a_plugin_whose_steps_all_hang_stops_the_run_with_one_message(monkeypatch):
+    monkeypatch.setattr(stepping, "MAX_HUNG_STEPS", stepping._WORKERS.num_hung + 2)
+    with pytest.raises(EnvError, match=r"HangingEpisode: \d+ calls of step\(\) are still running past"):
+        step_episodes([HangingEpisode() for _ in range(3)], ["x"] * 3, timeout_s=0.2)
+
+
 def test_a_single_episode_is_under_the_time_limit_too():
     (result,) = step_episodes([HangingEpisode()], ["x"], timeout_s=0.2)
     assert result.info["timeout"] is True
@@ -120,7 +126,7 @@ def test_accuracy_never_comes_from_a_non_finite_reward(value):
 
 HUNG_SCRIPT = textwrap.dedent(
     """
-    import sys, threading
+    import signal, sys, threading
     from envs import StepResult, step_episodes
 
     class Hang:
@@ -130,7 +136,16 @@ HUNG_SCRIPT = textwrap.dedent(
             print("IN_STEP", flush=True)
             threading.Event().wait()
 
+    class Quick:
+        max_turns = 1
+        messages = []
+        def step(self, action_text):
+            return StepResult(None, 1.0, True)
+
     timeout = float(sys.argv[1])
+    step_episodes([Quick()], ["a"])  # the workers start with SIGINT unblocked
+    # The kernel may hand SIGINT to any thread; here it always picks a worker, the case that used to hang.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     results = step_episodes([Hang(), Hang()], ["a", "b"], timeout_s=timeout)
     print("DONE", [r.info.get("timeout") for r in results], flush=True)
     """
