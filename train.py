@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import hydra
 import torch
@@ -27,9 +28,11 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from envs import EnvError, make_env, start_episodes, step_episodes
+from envs.tasks import task_splits
 from rl import distributed as dp
-from rl.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from rl.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
 from rl.config import register_configs
+from rl.config_checks import check_config
 from rl.curriculum import Curriculum
 from rl.data import TaskStream
 from rl.evaluate import EvalResult, evaluate, succeeded
@@ -47,7 +50,7 @@ from rl.weight_sync import DistributedSync, InProcessSync
 from rollout_engine import LLMEngine, SamplingParams
 
 register_configs()
-USER_ERRORS = (ModelLoadError, EnvError, ValueError, FileNotFoundError)
+USER_ERRORS = (ModelLoadError, EnvError, ValueError, FileNotFoundError, RunDirError)
 
 
 @dataclass
@@ -120,9 +123,7 @@ def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts
     engine, sync = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
     sync.push(lora_tensors(model), version=0)
     env = make_env(cfg.env.name, **cfg.env.args)
-    tasks = hydra.utils.call(cfg.env.tasks)
-    if isinstance(tasks, Dataset):
-        tasks = tasks.train_test_split(test_size=0.1, seed=cfg.seed)
+    tasks = task_splits(hydra.utils.call(cfg.env.tasks), env, cfg.env.tasks.get("_target_"), cfg.seed)
     test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.env.eval_seed)
     return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist)
 
@@ -156,7 +157,7 @@ def run_eval(parts: Parts, cfg: DictConfig) -> EvalResult:
         parts.env,
         tasks,
         greedy,
-        step_episodes,
+        partial(step_episodes, timeout_s=cfg.env.step_timeout_s),
         start_episodes,
         cfg.rollout.max_completion_tokens,
         labels=cfg.env.eval_labels,
@@ -171,7 +172,7 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
 
     def timed_env_step(episodes, actions):
         with timer("env"):
-            return step_episodes(episodes, actions)
+            return step_episodes(episodes, actions, timeout_s=cfg.env.step_timeout_s)
 
     kept = []
     for round_ in range(4 if cfg.algo.dynamic_sampling else 1):
@@ -290,6 +291,8 @@ def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int:
         find_latest(cfg.run_dir) if cfg.resume and parts.dist.is_main else None, parts.dist
     )
     if latest is None:
+        if cfg.resume and parts.dist.is_main:
+            print(f"resume=true, but {cfg.run_dir} holds no complete checkpoint: training starts at step 0")
         return 0
     state = load_checkpoint(latest, parts.model, optimizer, scheduler)
     stream.restore(state.data_position)
@@ -311,6 +314,7 @@ def open_logger(cfg: DictConfig, start_step: int) -> RunLogger:
         start_step=start_step,
         sample_every=cfg.logger.samples_every,
         progress=cfg.logger.progress,
+        resume=cfg.resume,
     )
 
 
@@ -325,7 +329,10 @@ def log_step(logger: RunLogger, step: int, metrics: dict[str, float], trajectori
 
 def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     started = time.monotonic()
+    check_config(cfg)
     cfg.run_dir = dp.broadcast_object(cfg.run_dir, dist)  # Hydra may stamp each rank's directory differently
+    if dist.is_main:
+        check_run_dir(cfg.run_dir)  # before the model loads: the logs and checkpoints go there
     parts = build_parts(cfg, dist)
     optimizer = build_optimizer(parts.model, cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
     scheduler = build_lr_scheduler(
@@ -384,6 +391,7 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
 
 
 def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
+    check_config(cfg)
     parts = build_parts(cfg, dist)
     if cfg.checkpoint:
         load_checkpoint(cfg.checkpoint, parts.model, restore_rng=False)
@@ -404,6 +412,8 @@ def main(cfg: DictConfig) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         sys.exit(f"error: {err}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted (Ctrl-C)")
 
 
 if __name__ == "__main__":

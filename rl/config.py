@@ -1,8 +1,8 @@
 """Typed schemas for the Hydra config tree in `conf/`.
 
 Every group's YAML is merged into these dataclasses, so an unknown key or a value of the wrong type is
-rejected at composition with a message that names the key. Only `train.py` reads the config tree; components
-take flat arguments.
+rejected at composition with a message that names the key. Value ranges are checked before any work starts by
+`rl.config_checks.check_config`. Only `train.py` reads the config tree; components take flat arguments.
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ class EnvConfig:
     eval_seed: int = 0  # draws the held-out sample; apart from `seed`, so every training seed meets one set
     eval_labels: list[str] = field(default_factory=lambda: ["family", "difficulty"])  # accuracy by these
     shared_prompt_key: str | None = None  # task field whose rows share a prompt prefix (batched together)
+    step_timeout_s: float = 60.0  # a plugin's step() running longer fails its episode (env/timeouts)
 
 
 @dataclass

@@ -186,7 +186,7 @@ def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tra
         train_module, tmp_path, "num_steps=2", "sft.steps=3", "sft.batch_size=4", "curriculum.enabled=true",
         "curriculum.pool_by=[family]", SMALL_SQL,
     )  # fmt: skip
-    assert [(p.stage, p.step) for p in result.evals] == [("base", 0), ("sft", 3), ("grpo", 2), ("grpo", 2)]
+    assert [(p.stage, p.step) for p in result.evals] == [("base", 0), ("sft", 3), ("grpo", 2)]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["base_accuracy"] == result.evals[0].result.accuracy
     assert summary["grpo_start_accuracy"] == result.evals[1].result.accuracy
