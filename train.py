@@ -16,6 +16,7 @@ weights, hot-sync them into the engine, log, checkpoint and evaluate.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -414,6 +415,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         sys.exit("interrupted (Ctrl-C)")
+    finally:
+        gc.collect()  # under `-m` (multirun) the next job's engine must not meet this one's KV pool
 
 
 if __name__ == "__main__":

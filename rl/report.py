@@ -129,6 +129,9 @@ def write_learning_curve(run_dir: str | os.PathLike, out: Path, report: Report) 
             [p["ci95"][1] - a for a, p in zip(y, points, strict=True)],
         ]
         axes.errorbar(x, y, yerr=errors, marker="o", capsize=3, color=colour, label=stage)
+        start = [p for p in summary["eval_history"] if p["stage"] != "grpo"]
+        if stage == "grpo" and start:  # GRPO's line starts where the stages before it ended
+            axes.plot([start[-1]["step"], x[0]], [start[-1]["accuracy"], y[0]], color=colour)
     if sft_steps:
         axes.axvline(sft_steps, linestyle="--", color="grey", alpha=0.6)
     title = f"Held-out greedy accuracy ({summary['num_eval_tasks']} tasks, seed {summary['seed']}, 95% CI)"

@@ -76,6 +76,8 @@ TINY = [
     "logger.samples_every=1",
     "trainer.lr=1e-3",
     "trainer.micro_batch_size=4",
+    "sft.steps=0",  # the tiny runs test GRPO over the plain task stream; the warm start and the
+    "curriculum.enabled=false",  # curriculum have their own tests below
 ]
 
 
@@ -150,6 +152,18 @@ def test_resume_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_
     assert resumed.history[0]["reward"] == straight.history[3]["reward"]
     a, b = lora_tensors(straight.parts.model), lora_tensors(resumed.parts.model)
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_resume_with_the_curriculum_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_path):
+    curriculum = ["curriculum.enabled=true", *VOWELS]
+    straight = run(train_module, tmp_path / "a", "num_steps=4", *curriculum)
+    run(train_module, tmp_path / "b", "num_steps=3", *curriculum)
+    resumed = run(train_module, tmp_path / "b", "num_steps=4", "resume=true", *curriculum)
+    assert resumed.history[0]["policy_loss"] == straight.history[3]["policy_loss"]
+    assert resumed.history[0]["reward"] == straight.history[3]["reward"]
+    state = json.loads((tmp_path / "b" / "checkpoints" / "step_4" / "state.json").read_text())
+    records = state["data_position"]["records"]
+    assert sum(tries for _, tries in records.values()) == 4 * 2 * 4  # steps x prompts x samples
 
 
 def test_default_sql_env_runs_a_step_and_scores_the_held_out_split(train_module, tmp_path):
