@@ -36,12 +36,13 @@ def test_long_preset_overrides_the_default_job(compose_train):
     assert EXPERIMENTS == ["sql_long"]
     default = compose_train(["run_dir=/tmp/run"])
     long = compose_train(["+experiment=sql_long", "run_dir=/tmp/run"])
-    assert (default.num_steps, long.num_steps) == (30, 120)
-    assert (default.prompts_per_step, long.prompts_per_step) == (4, 16)
+    assert (default.num_steps, long.num_steps) == (40, 120)
+    assert (default.prompts_per_step, long.prompts_per_step) == (8, 16)
     assert list(long.env.tasks.difficulties) == ["easy", "medium", "hard"]
     assert long.trainer.lr_schedule.value == "cosine" and long.trainer.lr == default.trainer.lr
     # everything it does not set stays as in the default job
     assert long.model == default.model and long.rollout == default.rollout
+    assert long.sft == default.sft and long.curriculum == default.curriculum
 
 
 @pytest.mark.parametrize("group, option", GROUP_OPTIONS)
