@@ -259,3 +259,16 @@ def test_a_task_source_returning_a_list_is_one_error_naming_it(train_module, tmp
         EnvError, match="the task source e2e_vowel_env.list_tasks returned a list; it must return"
     ):
         train_module.build_parts(cfg)
+
+
+def test_mode_eval_prints_accuracy_with_its_interval_by_family_difficulty_and_schema(
+    train_module, tmp_path, capsys
+):
+    cfg = compose_cfg(tmp_path, "mode=eval", "env.eval_tasks=6", SMALL_SQL)
+    train_module.eval_only(cfg)
+    out = capsys.readouterr().out
+    assert "held-out greedy execution accuracy (base model):" in out
+    header, overall = out.splitlines()[1:3]
+    assert "95% CI" in header and overall.split()[0] == "all" and overall.split()[-1] == "6"
+    labels = {line.split()[0].split("=")[0] for line in out.splitlines()[3:] if "=" in line.split()[0]}
+    assert labels == {"family", "difficulty", "db_id"}
