@@ -328,6 +328,23 @@ def log_step(logger: RunLogger, step: int, metrics: dict[str, float], trajectori
         logger.log_samples(step, rows)
 
 
+def stages_before_grpo(parts: Parts, cfg: DictConfig, logger: RunLogger | None, timer: StepTimer):
+    """A fresh run scores the base model, then (sft.steps > 0) runs the warm start and scores it again;
+    step 0 of the log holds what GRPO starts from."""
+    with timer("eval"):
+        evals = [EvalPoint("base", 0, run_eval(parts, cfg))]
+    if cfg.sft.steps > 0:
+        if logger is not None:
+            logger.log_stage("base", 0, evals[-1].result.metrics())
+        with timer("sft"):
+            supervised_warm_start(parts, cfg, logger)
+        with timer("eval"):
+            evals.append(EvalPoint("sft", cfg.sft.steps, run_eval(parts, cfg)))
+    if logger is not None:
+        logger.log(0, evals[-1].result.metrics())
+    return evals
+
+
 def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     started = time.monotonic()
     check_config(cfg)
@@ -345,19 +362,8 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     stream = task_stream(parts, cfg)
     start_step = resume(cfg, parts, optimizer, scheduler, stream)
     logger = open_logger(cfg, start_step) if dist.is_main else None  # rank 0 alone logs and checkpoints
-    timer, history, evals = StepTimer(), [], []
-    if start_step == 0:
-        with timer("eval"):
-            evals.append(EvalPoint("base", 0, run_eval(parts, cfg)))
-        if cfg.sft.steps > 0:
-            if logger is not None:
-                logger.log_stage("base", 0, evals[-1].result.metrics())
-            with timer("sft"):
-                supervised_warm_start(parts, cfg, logger)
-            with timer("eval"):
-                evals.append(EvalPoint("sft", cfg.sft.steps, run_eval(parts, cfg)))
-        if logger is not None:  # step 0 holds what GRPO starts from
-            logger.log(0, evals[-1].result.metrics())
+    timer, history = StepTimer(), []
+    evals = stages_before_grpo(parts, cfg, logger, timer) if start_step == 0 else []
     for step in range(start_step + 1, cfg.num_steps + 1):
         local, trajectories = train_step_metrics(parts, cfg, optimizer, scheduler, stream, step, timer)
         metrics = combine_rank_metrics(dp.gather_objects(local, dist))
