@@ -2,8 +2,9 @@
 
 The default recipe (conf/train.yaml) measured 0.020 on the 200 held-out tasks for the untouched model and
 0.685 after its 50-step warm start alone (seeds 0 and 1 see the same held-out set). This shortened job (20
-warm-start steps, 2 GRPO steps, the first 100 of those tasks) must clear the base model by 0.25: far below
-what the warm start gives, and more than twice the largest 95% half-interval at 100 tasks (0.098).
+warm-start steps, 2 GRPO steps, 100 of those tasks) measured 0.02 -> 0.40 -> 0.41 and must clear the base
+model by 0.25: 0.14 below what it measured, and more than twice the largest 95% half-interval at 100 tasks
+(0.098). It takes about 4 minutes.
 """
 
 import json
