@@ -59,7 +59,15 @@ class Report:
 
 
 def load_metrics(path: str | os.PathLike) -> Series:
-    """Each metric's values by step from a metrics.jsonl; the last value logged for a step wins."""
+    """Each metric's values by GRPO step from a metrics.jsonl; the last value logged for a step wins."""
+    series = stage_metrics(path, stage=None)
+    if not series:
+        raise ReportError(f"{path} holds no metrics: log at least one step before making a report.")
+    return series
+
+
+def stage_metrics(path: str | os.PathLike, stage: str | None) -> Series:
+    """The series of one stage's records (``"stage": "sft"``, ...), or of GRPO's (stage None, no key)."""
     path = Path(path)
     if not path.is_file():
         raise ReportError(
@@ -80,13 +88,11 @@ def load_metrics(path: str | os.PathLike) -> Series:
                 f"{path}:{number} is not a metrics record: each line must be a JSON object with an integer "
                 "'step'."
             )
-        if "stage" in record:  # the warm start and the base evaluation: see learning_curve
+        if record.get("stage") != stage:
             continue
         for key, value in record.items():
             if key not in RESERVED and isinstance(value, (int, float)) and math.isfinite(value):
                 series.setdefault(key, {})[record["step"]] = float(value)
-    if not series:
-        raise ReportError(f"{path} holds no metrics: log at least one step before making a report.")
     return series
 
 
@@ -142,16 +148,11 @@ def write_learning_curve(run_dir: str | os.PathLike, out: Path, report: Report) 
     figure.tight_layout()
     figure.savefig(out / "learning_curve.png")
     report.written.append(out / "learning_curve.png")
-    nll = _stage_series(Path(run_dir) / METRICS_FILE, "sft", "sft/nll")
+    nll = stage_metrics(Path(run_dir) / METRICS_FILE, "sft").get("sft/nll")
     if nll:
         _draw(PlotSpec("sft_nll.png", "Warm start: NLL of the demonstrations", "nll", ()), {"sft/nll": nll},
               None, out / "sft_nll.png")  # fmt: skip
         report.written.append(out / "sft_nll.png")
-
-
-def _stage_series(path: Path, stage: str, name: str) -> dict[int, float]:
-    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return {r["step"]: float(r[name]) for r in records if r.get("stage") == stage and name in r}
 
 
 def _matching(patterns: tuple[str, ...], series: Series) -> list[str]:
