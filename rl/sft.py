@@ -24,7 +24,7 @@ import torch
 from rl.batch import collate_rollouts
 from rl.losses import compute_policy_loss
 from rl.rollout import prompt_token_ids
-from rl.trainer import accumulate_gradients, optimizer_step
+from rl.trainer import accumulate_gradients, model_device, optimizer_step
 
 
 @dataclass(slots=True)
@@ -98,7 +98,7 @@ def sft_step(
         truncated=[False] * len(demos),
         pad_token_id=pad_token_id,
     )
-    logprobs = torch.zeros(batch.input_ids.shape)
+    logprobs = torch.zeros(batch.input_ids.shape, device=model_device(model))
     stats = accumulate_gradients(
         model,
         batch,
@@ -109,7 +109,7 @@ def sft_step(
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     stepped, grad_norm, lr = optimizer_step(optimizer, None, params, max_grad_norm, stats.loss)
-    mask = batch.loss_mask
+    mask = batch.loss_mask.to(logprobs.device)
     per_sequence = (logprobs * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
     return {
         "sft/nll": -per_sequence.mean().item(),

@@ -25,7 +25,7 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
@@ -42,9 +42,9 @@ def batch_logprobs(
     model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int, temperature: float = 1.0
 ) -> torch.Tensor:
     """Logprobs [B, T] of the batch's tokens under the model as it is now, computed in micro-batches."""
-    out = torch.zeros(batch.input_ids.shape, device=_device(model))
+    out = torch.zeros(batch.input_ids.shape, device=model_device(model))
     for start in range(0, batch.num_sequences, micro_batch_size):
-        mb = batch.rows(start, start + micro_batch_size, _device(model))
+        mb = batch.rows(start, start + micro_batch_size, model_device(model))
         width = mb.input_ids.size(1)
         out[start : start + mb.num_sequences, :width] = token_logprobs(
             _unwrap(model), mb.input_ids, mb.attention_mask, temperature, first_target=first_loss_position(mb)
@@ -109,7 +109,7 @@ def accumulate_gradients(
     Without old_logprobs the ratio is 1 (the current logprobs, detached). [B, T] inputs follow `rl.batch`.
     Under DDP, gradients sync once, on the last micro-batch; stats stay per rank.
     """
-    device = _device(model)
+    device = model_device(model)
     num_tokens = batch.loss_mask.sum().to(device)
     counts = _per_rank_counts(model, batch, device)
     starts = range(0, batch.num_sequences, micro_batch_size)
@@ -236,7 +236,7 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     losses, grad_norms, skipped, lr = [], [], 0, 0.0
     # Without a correction the sampler/trainer mismatch is still reported, from the first pass's logprobs.
-    seen = torch.zeros(batch.input_ids.shape, device=_device(model)) if correction is None else None
+    seen = torch.zeros(batch.input_ids.shape, device=model_device(model)) if correction is None else None
     for iteration in range(num_iterations):
         stats = accumulate_gradients(
             model, batch, loss_fn, loss_type=loss_type, micro_batch_size=micro_batch_size, old_logprobs=old,
