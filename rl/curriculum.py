@@ -74,12 +74,16 @@ class Curriculum:
         out = torch.empty(len(self.tasks), dtype=torch.float64)
         for i, key in enumerate(self._keys):
             wins, tries = self.record_of.get(key, (0, 0))
-            if tries >= self.min_attempts and wins in (0, tries):
+            if self._settled(wins, tries):
                 out[i] = 0.0
                 continue
             p = (wins + prior * rates[self._pools[i]]) / (tries + prior) if tries + prior > 0 else 0.5
             out[i] = p * (1.0 - p)
         return out
+
+    def _settled(self, wins: int, tries: int) -> bool:
+        """Mastered or hopeless: every one of at least min_attempts attempts passed, or none did."""
+        return tries >= self.min_attempts and wins in (0, tries)
 
     def next_batch(self, batch_size: int) -> list[Any]:
         """``batch_size`` distinct rows (repeats only when fewer tasks are left to draw)."""
@@ -110,7 +114,7 @@ class Curriculum:
         out = {
             f"curriculum/pass_rate/{pool or 'all'}": rate for pool, rate in sorted(self.pool_rates().items())
         }
-        out["curriculum/num_skipped"] = float((self.weights() == 0).sum())
+        out["curriculum/num_skipped"] = float(sum(self._settled(w, t) for w, t in self.record_of.values()))
         return out
 
     def position(self) -> dict[str, Any]:
