@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.cpu_threads import adapt_cpu_threads
+
 
 @dataclass(slots=True)
 class TokenLogprobs:
@@ -34,6 +36,8 @@ def token_logprobs(
     """
     if temperature <= 0.0:
         raise ValueError(f"temperature must be > 0 to define logprobs, got {temperature}")
+    if input_ids.device.type == "cpu":
+        adapt_cpu_threads()  # the backward that follows runs with the same threads
     attention_mask = attention_mask.long()
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     num_targets = input_ids.size(1) - first_target

@@ -13,6 +13,7 @@ from torch import nn
 from tqdm import tqdm
 
 from kernels.backend import HAS_TRITON
+from kernels.cpu_threads import adapt_cpu_threads
 from rollout_engine.block_manager import BlockManager
 from rollout_engine.lora import LoraAdapter, lora_layers
 from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
@@ -160,6 +161,8 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
+        if self.runner.device.type == "cpu":
+            adapt_cpu_threads()
         try:
             return self._run(out)
         except BaseException:
