@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.backend import get_backend
+from rollout_engine.kv_pool import allocate_kv_pool
 from rollout_engine.lora import LoraTokens
 from rollout_engine.models import AttentionMetadata, PagedDecoder
 
@@ -229,8 +230,15 @@ def measure_graph_bytes(
     pool of one max-length sequence and releasing it: the graphs' memory does not depend on the pool's
     size, and the real pool must be sized (leaving this room) before the real graphs can point into it."""
     weight = model.embed_tokens.weight
-    shape = (model.num_layers, 2, max_blocks_per_seq, block_size, model.num_kv_heads, model.head_dim)
-    kv_pool = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+    kv_pool = allocate_kv_pool(
+        model.num_layers,
+        max_blocks_per_seq,
+        block_size,
+        model.num_kv_heads,
+        model.head_dim,
+        weight.dtype,
+        weight.device,
+    )
     graphs = DecodeGraphs(
         model, [(layer[0], layer[1]) for layer in kv_pool], max_num_seqs, max_blocks_per_seq
     )

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from kernels.backend import HAS_TRITON
 from kernels.cpu_threads import adapt_cpu_threads
 from rollout_engine.block_manager import BlockManager
+from rollout_engine.kv_pool import commits_on_write
 from rollout_engine.lora import LoraAdapter, lora_layers
 from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
 from rollout_engine.model_runner import ModelRunner, order_for_step
@@ -89,9 +90,10 @@ class LLMEngine:
         self.cuda_graph_bytes_reserved = graph_bytes
         source = memory_source(weight.device, memory_budget_bytes)
         kv_bytes = self.runner.kv_bytes_total
+        lazy = commits_on_write(weight.device)
         logger.info(
             kv_pool_report(
-                num_blocks, block_size, kv_bytes, graph_bytes, memory_fraction, total_bytes, source
+                num_blocks, block_size, kv_bytes, graph_bytes, memory_fraction, total_bytes, source, lazy
             )
         )
         self.tokenizer = tokenizer
@@ -332,8 +334,9 @@ class LLMEngine:
         self.reset_prefix_cache()
 
     def stats(self) -> dict[str, int | list[int]]:
-        """Block usage now and at peak, sharing and cache counters, the KV pool's size in bytes, and the
-        CUDA graphs: captured batch sizes, their measured memory (and the amount reserved for them when the
+        """Block usage now and at peak, sharing and cache counters, the KV pool's size in bytes (reserved,
+        and held in memory now: on the CPU the pool takes pages as blocks are written), and the CUDA
+        graphs: captured batch sizes, their measured memory (and the amount reserved for them when the
         pool was sized), and how many steps replayed one."""
         bm = self.block_manager
         graphs = self.runner.graphs
@@ -348,6 +351,7 @@ class LLMEngine:
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_generated_tokens": self.num_generated_tokens,
             "kv_bytes_total": self.runner.kv_bytes_total,
+            "kv_bytes_resident": self.runner.kv_bytes_resident(),
             "kv_bytes_per_block": self.runner.kv_bytes_total // bm.num_blocks,
             "cuda_graph_sizes": list(graphs.sizes) if graphs is not None else [],
             "cuda_graph_bytes": graphs.nbytes if graphs is not None else 0,

@@ -54,12 +54,20 @@ def kv_pool_report(
     memory_fraction: float,
     total_bytes: int,
     source: str,
+    commits_on_write: bool,
 ) -> str:
-    """The line the engine logs at start-up: the KV pool it reserved and the budget that sized it."""
+    """The line the engine logs at start-up: the KV pool it reserved, whether that memory is taken now or
+    as blocks are written, and the budget that sized it."""
     graphs = f" and {_format_bytes(graph_bytes)} for CUDA graphs" if graph_bytes else ""
+    taken = (
+        "taken page by page as blocks are written (engine.stats()['kv_bytes_resident'] is what is held)"
+        if commits_on_write
+        else "allocated now"
+    )
     return (
-        f"KV pool: {num_blocks} blocks x {block_size} tokens = {kv_bytes} bytes ({_format_bytes(kv_bytes)})"
-        f"{graphs}, from memory_fraction={memory_fraction} x {_format_bytes(total_bytes)} of {source} = "
+        f"KV pool: reserved {num_blocks} blocks x {block_size} tokens = {kv_bytes} bytes "
+        f"({_format_bytes(kv_bytes)}), {taken}{graphs}, from memory_fraction={memory_fraction} x "
+        f"{_format_bytes(total_bytes)} of {source} = "
         f"{_format_bytes(int(memory_fraction * total_bytes))}, less one step's activations; pass a smaller "
         "memory_fraction or memory_budget_bytes to reserve less"
     )

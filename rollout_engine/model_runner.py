@@ -8,6 +8,7 @@ import torch
 
 from rollout_engine.block_manager import CopyPair
 from rollout_engine.cuda_graphs import DecodeGraphs
+from rollout_engine.kv_pool import allocate_kv_pool, resident_bytes
 from rollout_engine.lora import LoraTokens
 from rollout_engine.models import AttentionMetadata, PagedDecoder
 from rollout_engine.scheduler import ScheduledSeq
@@ -35,7 +36,8 @@ def _int32(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 class ModelRunner:
-    """Holds the KV pool ([num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], one tensor)."""
+    """Holds the KV pool ([num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], one tensor; see
+    kv_pool.py)."""
 
     def __init__(
         self, model: PagedDecoder, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
@@ -43,14 +45,20 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
-        shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
-        self.kv_pool = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_pool = allocate_kv_pool(
+            model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, device
+        )
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_pool]
         self.graphs: DecodeGraphs | None = None
 
     @property
     def kv_bytes_total(self) -> int:
+        """Bytes reserved for the pool."""
         return self.kv_pool.numel() * self.kv_pool.element_size()
+
+    def kv_bytes_resident(self) -> int:
+        """Bytes of the pool held in memory now (on the CPU, the pages written so far)."""
+        return resident_bytes(self.kv_pool)
 
     def copy_blocks(self, copies: list[CopyPair]) -> None:
         """Copy-on-write: KV rows of each src block go to its dst block, in every layer."""
