@@ -5,6 +5,10 @@ used (ref count > 0), or cached-but-unreferenced (ref count 0, still reachable t
 cache, evicted least-recently-freed first when the free list runs dry). A full block is keyed by a
 chained hash of (previous block's hash, policy version, its tokens); bumping the policy version in
 `reset_prefix_cache` makes every older block unreachable, so KV of an old policy is never reused.
+
+The free list is a stack: the most recently freed block goes out first, and a never-used block only when no
+freed one is left. A CPU KV pool commits a block's memory when it is first written (kv_pool.py), so the
+blocks in memory stay the most ever held at once (by sequences and the prefix cache together).
 """
 
 from __future__ import annotations

@@ -106,6 +106,22 @@ def test_blocks_computed_under_an_old_policy_are_never_registered():
     assert bm.num_free_blocks == 8 and not bm.evictable
 
 
+def test_a_freed_block_is_handed_out_again_before_a_never_used_one():
+    # A CPU KV pool commits memory for a block when it is first written, so reusing the most recently freed
+    # block keeps the written blocks at the most ever held at once.
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a, b, c = make_seq([1, 2, 3]), make_seq([4, 5, 6]), make_seq([7, 8, 9])
+    for seq in (a, b, c):
+        bm.allocate(seq, 3)
+    assert [a.block_table, b.block_table, c.block_table] == [[0], [1], [2]]
+    bm.free(a)
+    bm.free(c)
+    d, e, f = make_seq([10]), make_seq([11]), make_seq([12])
+    for seq in (d, e, f):
+        bm.allocate(seq, 1)
+    assert [d.block_table, e.block_table, f.block_table] == [[2], [0], [3]]
+
+
 def test_double_free_is_an_error():
     bm = BlockManager(num_blocks=4, block_size=2)
     seq = make_seq([1, 2, 3])
@@ -123,6 +139,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         super().__init__()
         self.bm = BlockManager(num_blocks=24, block_size=4)
         self.live: list[Sequence] = []
+        self.ever_held: set[int] = set()
+        self.most_held = 0  # the most blocks held at once, by sequences or the prefix cache
 
     @rule(length=st.integers(1, 30), vocab=st.integers(1, 3))
     def add(self, length, vocab):
@@ -183,6 +201,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         unreferenced = {b for b in range(self.bm.num_blocks) if self.bm.ref_counts[b] == 0}
         assert free | set(self.bm.evictable) == unreferenced
         assert self.bm.num_free_blocks + sum(c > 0 for c in self.bm.ref_counts) == self.bm.num_blocks
+
+    @invariant()
+    def blocks_ever_handed_out_are_the_first_most_held(self):
+        self.ever_held.update(block_id for seq in self.live for block_id in seq.block_table)
+        self.most_held = max(self.most_held, self.bm.num_used_blocks + len(self.bm.evictable))
+        assert self.ever_held == set(range(self.most_held))
 
     @invariant()
     def cache_points_at_blocks_with_that_hash(self):
