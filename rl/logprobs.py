@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu_threads import adapt_cpu_threads
+from rl.lora_fused import fused_lora
 
 
 @dataclass(slots=True)
@@ -32,7 +33,7 @@ def token_logprobs(
 
     When every row starts with the same tokens (the G samples of one GRPO prompt), that shared prefix runs
     once and its KV cache is repeated over the rows: the same logprobs and, through the cache, the same
-    gradients, for a fraction of the compute.
+    gradients, for a fraction of the compute. Plain LoRA projections run fused (`rl.lora_fused`).
     """
     if temperature <= 0.0:
         raise ValueError(f"temperature must be > 0 to define logprobs, got {temperature}")
@@ -42,15 +43,16 @@ def token_logprobs(
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     num_targets = input_ids.size(1) - first_target
     shared = shared_prefix_length(input_ids, attention_mask, limit=first_target - 1)
-    past = _prefix_cache(model, input_ids[:1, :shared], input_ids.size(0)) if shared else None
-    out = model(
-        input_ids=input_ids[:, shared:],
-        attention_mask=attention_mask,
-        position_ids=position_ids[:, shared:],
-        cache=past,
-        use_cache=past is not None,
-        logits_to_keep=num_targets + 1,
-    )
+    with fused_lora(model):
+        past = _prefix_cache(model, input_ids[:1, :shared], input_ids.size(0)) if shared else None
+        out = model(
+            input_ids=input_ids[:, shared:],
+            attention_mask=attention_mask,
+            position_ids=position_ids[:, shared:],
+            cache=past,
+            use_cache=past is not None,
+            logits_to_keep=num_targets + 1,
+        )
     logits = out.logits[:, :-1].float() / temperature  # [B, num_targets, V]
     log_norm = logits.logsumexp(dim=-1)  # [B, num_targets]
     picked = logits.gather(-1, input_ids[:, first_target:, None]).squeeze(-1) - log_norm
