@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from envs import EnvError, make_env, start_episodes, step_episodes
 from envs.tasks import task_splits
 from rl import distributed as dp
+from rl.advantages import compute_advantages, filter_zero_std_groups
 from rl.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
 from rl.config import register_configs
 from rl.config_checks import check_config
@@ -41,8 +42,9 @@ from rl.lora import add_lora, lora_tensors
 from rl.metrics import RunLogger, SampleRow
 from rl.models import ModelLoadError, load_model
 from rl.optim import build_lr_scheduler, build_optimizer
-from rl.rollout import play_groups, to_rollout_batch
+from rl.rollout import group_rewards, play_groups, to_rollout_batch
 from rl.rollout_worker import RemoteEngine, build_worker
+from rl.settings import ConfigError
 from rl.sft import DemoSampler, demonstrations, warm_start
 from rl.step_metrics import StepTimer, combine_rank_metrics, engine_metrics, memory_metrics, reward_metrics
 from rl.summary import EvalPoint, run_summary, summary_text, write_summary
@@ -51,7 +53,10 @@ from rl.weight_sync import DistributedSync, InProcessSync
 from rollout_engine import LLMEngine, SamplingParams
 
 register_configs()
-USER_ERRORS = (ModelLoadError, EnvError, ValueError, FileNotFoundError, RunDirError)
+# what the user can fix: printed as one line; any other exception is a bug and keeps its traceback
+USER_ERRORS = (ConfigError, ModelLoadError, EnvError, FileNotFoundError, RunDirError)
+# DAPO dynamic sampling: rounds of fresh prompts that may replace the groups whose rewards are all equal
+DYNAMIC_SAMPLING_ROUNDS = 4
 
 
 @dataclass
@@ -82,12 +87,17 @@ def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwa
         enforce_eager=r.enforce_eager,
     )
     if dist.is_distributed and r.placement.value != "inprocess":
-        raise ValueError(
+        raise ConfigError(
             "under torchrun each rank colocates its engine with its trainer: drop rollout.placement=process "
             "(use rollout.placement=inprocess)"
         )
     if r.placement.value == "inprocess":
-        engine = LLMEngine(model, tokenizer, **engine_kwargs)
+        try:
+            engine = LLMEngine(model, tokenizer, **engine_kwargs)
+        except ValueError as err:  # the engine refuses its arguments, which are the rollout.* settings
+            raise ConfigError(
+                f"the rollout engine cannot start with these rollout.* settings: {err}"
+            ) from err
         return engine, InProcessSync(engine)
     sync = DistributedSync(
         build_worker,
@@ -167,16 +177,17 @@ def run_eval(parts: Parts, cfg: DictConfig) -> EvalResult:
 
 
 def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: StepTimer):
-    """Play prompts_per_step GRPO groups; with DAPO dynamic sampling, groups whose rewards are all equal are
-    replaced by fresh prompts (up to 4 rounds), since they carry no advantage signal. A curriculum hears
-    every played group's successes (from all ranks)."""
+    """Play prompts_per_step GRPO groups. With DAPO dynamic sampling, groups whose rewards are all equal carry
+    no advantage signal: they are dropped and fresh prompts replace them (up to DYNAMIC_SAMPLING_ROUNDS
+    rounds; when none is kept, the last round's groups are used). A curriculum hears every played group's
+    successes (from all ranks)."""
 
     def timed_env_step(episodes, actions):
         with timer("env"):
             return step_episodes(episodes, actions, timeout_s=cfg.env.step_timeout_s)
 
     kept = []
-    for round_ in range(4 if cfg.algo.dynamic_sampling else 1):
+    for round_ in range(DYNAMIC_SAMPLING_ROUNDS if cfg.algo.dynamic_sampling else 1):
         tasks = dp.next_shard(stream, cfg.prompts_per_step - len(kept), parts.dist)
         groups = [start_episodes(parts.env, [task] * cfg.algo.group_size) for task in tasks]
         played = play_groups(
@@ -191,7 +202,11 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
         if isinstance(stream, Curriculum):
             outcomes = [(task, sum(map(succeeded, g)), len(g)) for task, g in zip(tasks, played, strict=True)]
             stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
-        kept += [g for g in played if not cfg.algo.dynamic_sampling or len({t.reward for t in g}) > 1]
+        if cfg.algo.dynamic_sampling and played:
+            keep = filter_zero_std_groups(group_rewards(played)).keep.tolist()
+            kept += [group for group, differs in zip(played, keep, strict=True) if differs]
+        else:
+            kept += played
         if dp.all_ranks(len(kept) == cfg.prompts_per_step, parts.dist):
             break
     return kept or played
@@ -239,43 +254,39 @@ def task_stream(parts: Parts, cfg: DictConfig) -> TaskStream | Curriculum:
     return Curriculum(parts.train_tasks, cfg.seed, c.pool_by, c.prior_strength, c.min_attempts)
 
 
-def train_step_metrics(parts: Parts, cfg: DictConfig, optimizer, scheduler, stream, step: int, timer):
-    """One GRPO step: generate groups, play them out, update the LoRA weights, sync them into the engine."""
+def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler):
+    """train_step bound to everything but the batch: the model, its optimizer and LR schedule, the algo.*
+    settings of the update (a LossConfig, checked once here), micro-batches and the sampling settings."""
+    return partial(
+        train_step,
+        parts.train_model,
+        optimizer,
+        scheduler,
+        loss=OmegaConf.to_object(cfg.algo),
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        max_grad_norm=cfg.trainer.max_grad_norm,
+        temperature=cfg.rollout.temperature,
+        max_completion_length=cfg.rollout.max_completion_tokens,
+    )
+
+
+def train_step_metrics(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: StepTimer):
+    """One GRPO step; `update` is the run's `policy_update`."""
     timer.begin_step()
     engine_before = parts.engine.stats()
     with timer("generate"):
-        trajectories = collect_groups(parts, cfg, stream, step, timer)
+        groups = collect_groups(parts, cfg, stream, step, timer)  # 1. sample and play the groups
     timer.add("generate", -timer.last("env"))
     with timer("train"):
-        batch, rewards = to_rollout_batch(
-            trajectories, parts.tokenizer.pad_token_id, cfg.algo.estimator.value, cfg.algo.scale.value
-        )
-        stats = train_step(
-            parts.train_model,
-            optimizer,
-            scheduler,
-            batch,
-            num_iterations=cfg.algo.num_iterations,
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            max_grad_norm=cfg.trainer.max_grad_norm,
-            loss_type=cfg.algo.loss_type.value,
-            eps_low=cfg.algo.eps_low,
-            eps_high=cfg.algo.eps_high,
-            dual_clip_c=cfg.algo.dual_clip_c,
-            gspo=cfg.algo.gspo,
-            beta=cfg.algo.beta,
-            kl_estimator=cfg.algo.kl_estimator.value,
-            is_mode=None if cfg.algo.is_mode.value == "none" else cfg.algo.is_mode.value,
-            is_cap=cfg.algo.is_cap,
-            mask_truncated_completions=cfg.algo.mask_truncated_completions,
-            max_completion_length=cfg.rollout.max_completion_tokens,
-            temperature=cfg.rollout.temperature,
-        )
-    with timer("sync"):
+        rewards = group_rewards(groups)  # 2. rewards -> group-relative advantages
+        advantages = compute_advantages(rewards, cfg.algo.estimator.value, cfg.algo.scale.value)
+        batch = to_rollout_batch(groups, advantages, parts.tokenizer.pad_token_id)  # 3. the batch
+        stats = update(batch)  # 4. the clipped policy-gradient step on the LoRA weights
+    with timer("sync"):  # 5. the new adapter into the engine
         dp.check_replicas(lora_tensors(parts.model), parts.dist)
         sync_stats = parts.sync.push(lora_tensors(parts.model), version=step + 1)
-    metrics = {
-        **reward_metrics(trajectories, rewards),
+    metrics = {  # 6. what the step did
+        **reward_metrics(groups, rewards),
         **stats.as_dict(),
         **sync_stats.metrics(),
         **engine_metrics(parts.engine, engine_before, timer.last("generate")),
@@ -283,7 +294,7 @@ def train_step_metrics(parts: Parts, cfg: DictConfig, optimizer, scheduler, stre
         **memory_metrics(parts.engine),
         **(stream.metrics() if isinstance(stream, Curriculum) else {}),
     }
-    return metrics, trajectories
+    return metrics, groups
 
 
 def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int:
@@ -359,13 +370,14 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
         warmup_steps=cfg.trainer.warmup_steps,
         num_training_steps=cfg.num_steps * cfg.algo.num_iterations,
     )
+    update = policy_update(parts, cfg, optimizer, scheduler)
     stream = task_stream(parts, cfg)
     start_step = resume(cfg, parts, optimizer, scheduler, stream)
     logger = open_logger(cfg, start_step) if dist.is_main else None  # rank 0 alone logs and checkpoints
     timer, history = StepTimer(), []
     evals = stages_before_grpo(parts, cfg, logger, timer) if start_step == 0 else []
     for step in range(start_step + 1, cfg.num_steps + 1):
-        local, trajectories = train_step_metrics(parts, cfg, optimizer, scheduler, stream, step, timer)
+        local, trajectories = train_step_metrics(parts, cfg, update, stream, step, timer)
         metrics = combine_rank_metrics(dp.gather_objects(local, dist))
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.num_steps:
             with timer("eval"):

@@ -45,7 +45,7 @@ def _check_rewards(rewards: torch.Tensor, min_group_size: int) -> None:
 
 
 def compute_advantages(
-    rewards: torch.Tensor, estimator: str = "grpo", scale: str = "group", std_eps: float = STD_EPS
+    rewards: torch.Tensor, estimator: str, scale: str, std_eps: float = STD_EPS
 ) -> torch.Tensor:
     """Turn rewards [num_prompts, G] into advantages [num_prompts, G].
 

@@ -1,36 +1,40 @@
-"""Typed schemas for the Hydra config tree in `conf/`.
+"""Typed schemas for the Hydra config tree in `conf/`: each setting's type, default and choices, once.
 
 Every group's YAML is merged into these dataclasses, so an unknown key or a value of the wrong type is
-rejected at composition with a message that names the key. Value ranges are checked before any work starts by
-`rl.config_checks.check_config`. Only `train.py` reads the config tree; components take flat arguments.
+rejected at composition with a message that names the key; the YAML files hold only what differs from
+these defaults. Value ranges are checked before any work starts by `rl.config_checks.check_config`.
+
+Only `train.py` reads the config tree; components take flat arguments, or one typed value. A component's
+own settings live beside it and are assembled here: `rl.losses.LossConfig` (the algo.* keys of the update,
+which `train_step` takes as they are), and `rl.lora.LoraConfig`, `rl.metrics.LoggerConfig` and
+`rl.curriculum.CurriculumConfig`, whose fields are the defaults of `add_lora`, `RunLogger` and `Curriculum`.
+The choices come from the components' own lists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from rl.advantages import ESTIMATORS, SCALES
+from rl.curriculum import CurriculumConfig
+from rl.lora import LoraConfig
+from rl.losses import LossConfig
+from rl.metrics import LoggerConfig
 from rl.models import DTYPES, MODEL_NAMES
+from rl.optim import SCHEDULES
+from rl.settings import choices
 
-ModelName = Enum("ModelName", [(name, name) for name in MODEL_NAMES], type=str)
-DType = Enum("DType", [(name, name) for name in ("auto", *DTYPES)], type=str)
-Mode = Enum("Mode", [(name, name) for name in ("train", "eval")], type=str)
-Placement = Enum("Placement", [(name, name) for name in ("inprocess", "process")], type=str)
-LossType = Enum("LossType", [(name, name) for name in ("grpo", "bnpo", "dapo", "dr_grpo")], type=str)
-Estimator = Enum("Estimator", [(name, name) for name in ("grpo", "rloo")], type=str)
-AdvantageScale = Enum("AdvantageScale", [(name, name) for name in ("group", "batch", "none")], type=str)
-KLEstimator = Enum("KLEstimator", [(name, name) for name in ("k1", "k2", "k3")], type=str)
-ISMode = Enum(
-    "ISMode",
-    [(name, name) for name in ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")],
-    type=str,
-)
-Schedule = Enum("Schedule", [(name, name) for name in ("constant", "cosine")], type=str)
-WandbMode = Enum("WandbMode", [(name, name) for name in ("offline", "online", "disabled")], type=str)
+ModelName = choices("ModelName", MODEL_NAMES)
+DType = choices("DType", ("auto", *DTYPES))
+Mode = choices("Mode", ("train", "eval"))
+Placement = choices("Placement", ("inprocess", "process"))
+Estimator = choices("Estimator", ESTIMATORS)
+AdvantageScale = choices("AdvantageScale", SCALES)
+Schedule = choices("Schedule", SCHEDULES)
 
 
 @dataclass
@@ -40,15 +44,6 @@ class ModelConfig:
     dtype: DType = DType.auto  # auto: bf16 on CUDA, fp32 on CPU
     device: str = "auto"
     seed: int = 0  # initialisation seed of the tiny random models
-
-
-@dataclass
-class LoraConfig:
-    rank: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: str = "all"  # all | attention | mlp | comma-separated projection names
-    use_rslora: bool = False
 
 
 @dataclass
@@ -70,21 +65,12 @@ class RolloutConfig:
 
 
 @dataclass
-class AlgoConfig:
+class AlgoConfig(LossConfig):
+    """The algo.* keys: GRPO groups and their advantages here, the policy update's in LossConfig."""
+
     group_size: int = 8
     estimator: Estimator = Estimator.grpo
     scale: AdvantageScale = AdvantageScale.group
-    loss_type: LossType = LossType.grpo
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip_c: float | None = None
-    gspo: bool = False
-    beta: float = 0.0
-    kl_estimator: KLEstimator = KLEstimator.k3
-    num_iterations: int = 1
-    is_mode: ISMode = ISMode.none
-    is_cap: float = 3.0
-    mask_truncated_completions: bool = False
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
 
 
@@ -98,20 +84,6 @@ class EnvConfig:
     eval_labels: list[str] = field(default_factory=lambda: ["family", "difficulty"])  # accuracy by these
     shared_prompt_key: str | None = None  # task field whose rows share a prompt prefix (batched together)
     step_timeout_s: float = 60.0  # a plugin's step() running longer fails its episode (env/timeouts)
-
-
-@dataclass
-class WandbConfig:
-    mode: WandbMode = WandbMode.offline  # offline needs no account or network; `wandb sync` uploads later
-    project: str = "pagedrl"
-    run_name: str | None = None
-
-
-@dataclass
-class LoggerConfig:
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-    samples_every: int = 5  # a table of prompts, completions and rewards every N steps
-    progress: bool = True
 
 
 @dataclass
@@ -131,16 +103,6 @@ class SftConfig:
     steps: int = 0  # 0: no warm start
     batch_size: int = 16
     lr: float = 2e-4
-
-
-@dataclass
-class CurriculumConfig:
-    """Draw training tasks by their running pass rate (rl.curriculum) instead of in seeded epochs."""
-
-    enabled: bool = False
-    pool_by: list[str] = field(default_factory=list)  # task fields whose tasks share a pass-rate estimate
-    prior_strength: float = 8.0  # pseudo-attempts of the pool's rate in each task's estimate
-    min_attempts: int = 16  # a task all-passed or all-failed over this many attempts is skipped
 
 
 @dataclass

@@ -18,9 +18,22 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from rl.settings import ConfigError
+
+
+@dataclass
+class CurriculumConfig:
+    """Draw training tasks by their running pass rate instead of in seeded epochs (the curriculum.* keys)."""
+
+    enabled: bool = False
+    pool_by: list[str] = field(default_factory=list)  # task fields whose tasks share a pass-rate estimate
+    prior_strength: float = 8.0  # pseudo-attempts of the pool's rate in each task's estimate
+    min_attempts: int = 16  # a task all-passed or all-failed over this many attempts is skipped
 
 
 def task_key(task: Any) -> str:
@@ -36,11 +49,11 @@ class Curriculum:
         tasks: Sequence[Any],
         seed: int = 0,
         pool_by: Sequence[str] = (),
-        prior_strength: float = 8.0,
-        min_attempts: int = 16,
+        prior_strength: float = CurriculumConfig.prior_strength,
+        min_attempts: int = CurriculumConfig.min_attempts,
     ) -> None:
         if len(tasks) == 0:
-            raise ValueError("the task set is empty; check the env's tasks config (env.tasks)")
+            raise ConfigError("the task set is empty; check the env's tasks config (env.tasks)")
         if prior_strength < 0 or min_attempts < 1:
             raise ValueError(
                 f"curriculum.prior_strength must be >= 0 and curriculum.min_attempts >= 1, got "
@@ -122,7 +135,7 @@ class Curriculum:
 
     def restore(self, position: dict[str, Any]) -> None:
         if position.get("seed", self.seed) != self.seed or "records" not in position:
-            raise ValueError(
+            raise ConfigError(
                 "the checkpoint's data position is not this run's curriculum (another seed, or a run "
                 "without curriculum.enabled); resume with the same seed and curriculum settings"
             )

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.losses import MAX_LOG_RATIO
-
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# exp() of a larger log-ratio overflows; such ratios are far outside any clip range or cap anyway
+MAX_LOG_RATIO = 20.0
 
 
 @dataclass(slots=True)
@@ -43,7 +43,8 @@ def importance_weights(
     sampling_logprobs: torch.Tensor,
     mask: torch.Tensor,
     mode: str = "token_truncate",
-    cap: float = 3.0,
+    *,
+    cap: float,
 ) -> ISCorrection:
     """Weights w = pi_old / pi_sampler for tensors [B, T], corrected by `mode`.
 
@@ -54,7 +55,7 @@ def importance_weights(
     if mode not in IS_MODES:
         raise ValueError(f"unknown importance-sampling mode {mode!r}; choose one of {IS_MODES}")
     if cap <= 0.0:
-        raise ValueError(f"importance-sampling cap must be > 0 (default 3), got {cap}")
+        raise ValueError(f"importance-sampling cap must be > 0, got {cap}")
     if not (old_logprobs.shape == sampling_logprobs.shape == mask.shape) or mask.dim() != 2:
         raise ValueError(
             f"old_logprobs {tuple(old_logprobs.shape)}, sampling_logprobs {tuple(sampling_logprobs.shape)} "

@@ -8,12 +8,15 @@ prefix) plus ``.lora_A`` (``[r, in_features]``) or ``.lora_B`` (``[out_features,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import peft
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
+from rl.settings import ConfigError
 from rollout_engine.lora import active_adapter, lora_layers
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -25,24 +28,39 @@ TARGET_SHORTHANDS = {
 }
 
 
+@dataclass
+class LoraConfig:
+    """The adapter's settings (the lora.* keys); `add_lora` takes them as flat arguments."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: str = "all"  # a TARGET_SHORTHANDS name, or comma-separated PROJECTIONS
+    use_rslora: bool = False
+
+
 def resolve_target_modules(target_modules: str | Sequence[str]) -> list[str]:
-    """Projection names from a shorthand (``all``, ``all-linear``, ``attention``, ``mlp``) or a list."""
-    if isinstance(target_modules, str):
+    """Projection names from a shorthand (``all``, ``all-linear``, ``attention``, ``mlp``), comma-separated
+    names (``q_proj,v_proj``) or a list."""
+    if isinstance(target_modules, str) and "," not in target_modules:
         if target_modules not in TARGET_SHORTHANDS:
-            raise ValueError(
+            raise ConfigError(
                 f"Unknown LoRA target shorthand {target_modules!r}: use one of {sorted(TARGET_SHORTHANDS)} "
-                f"or a list drawn from {list(PROJECTIONS)}."
+                f"or names drawn from {list(PROJECTIONS)} (a list, or comma-separated)."
             )
         return list(TARGET_SHORTHANDS[target_modules])
-    names = list(target_modules)
+    if isinstance(target_modules, str):
+        names = [name.strip() for name in target_modules.split(",")]
+    else:
+        names = list(target_modules)
     unknown = [name for name in names if name not in PROJECTIONS]
     if unknown or not names:
-        raise ValueError(
+        raise ConfigError(
             f"LoRA target_modules {names!r} must be a non-empty list drawn from {list(PROJECTIONS)}"
             f"{f'; unknown: {unknown}' if unknown else ''}. Shorthands: {sorted(TARGET_SHORTHANDS)}."
         )
     if len(set(names)) != len(names):
-        raise ValueError(f"LoRA target_modules {names!r} lists a projection twice: list each once.")
+        raise ConfigError(f"LoRA target_modules {names!r} lists a projection twice: list each once.")
     return [name for name in PROJECTIONS if name in names]
 
 
@@ -53,18 +71,18 @@ def lora_scale(alpha: float, rank: int, use_rslora: bool = False) -> float:
 
 def add_lora(
     model: nn.Module,
-    rank: int = 16,
-    alpha: float = 32.0,
-    dropout: float = 0.0,
-    target_modules: str | Sequence[str] = "all",
-    use_rslora: bool = False,
+    rank: int = LoraConfig.rank,
+    alpha: float = LoraConfig.alpha,
+    dropout: float = LoraConfig.dropout,
+    target_modules: str | Sequence[str] = LoraConfig.target_modules,
+    use_rslora: bool = LoraConfig.use_rslora,
 ) -> PeftModel:
     """Wrap a causal LM in a peft LoRA adapter on the chosen projections; only the LoRA weights train."""
     if rank < 1:
         raise ValueError(f"LoRA rank must be a positive integer, got {rank}.")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"LoRA dropout must lie in [0, 1), got {dropout}.")
-    config = LoraConfig(
+    config = peft.LoraConfig(
         r=rank,
         lora_alpha=alpha,
         lora_dropout=dropout,

@@ -1,19 +1,78 @@
-"""Clipped policy-gradient loss: token or sequence (GSPO) ratios, dual-clip, KL penalty, aggregation modes.
+"""Clipped policy-gradient loss: token or sequence (GSPO) ratios, dual-clip, KL penalty; and its settings.
 
 All per-token tensors are [B, T] and aligned as described in `rl.batch`; `mask` is true on the tokens the
 policy sampled. Values at masked-out positions never reach the loss or its gradient, whatever they hold.
+The loss type's aggregation (`rl.aggregation`) turns the per-token loss into one number.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+from rl.aggregation import LossType, aggregation
+from rl.importance import IS_MODES, MAX_LOG_RATIO
+from rl.settings import (
+    ConfigError,
+    Rule,
+    at_least,
+    choice,
+    choices,
+    number,
+    optional,
+    positive,
+    rule_problems,
+)
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
-# exp() of a larger log-ratio overflows; such ratios are far outside any clip range anyway
-MAX_LOG_RATIO = 20.0
+KLEstimator = choices("KLEstimator", KL_ESTIMATORS)
+ISMode = choices("ISMode", ("none", *IS_MODES))
+
+
+# what a type cannot say about LossConfig's settings; rl.config_checks checks them as algo.*
+LOSS_RULES: tuple[Rule, ...] = (
+    ("eps_low", lambda v: number(v) and 0 <= v < 1, "use a number with 0 <= eps_low < 1"),
+    ("eps_high", at_least(0), "use a finite number >= 0"),
+    (
+        "dual_clip_c",
+        optional(lambda v: number(v) and 1 < v < math.inf),
+        "dual_clip_c must be > 1 (typically 3); use None (null) to disable it",
+    ),
+    ("beta", at_least(0), "use a finite number >= 0"),
+    ("num_iterations", at_least(1), "use an integer >= 1"),
+    ("is_cap", positive, "use a finite number > 0"),
+)
+
+
+@dataclass
+class LossConfig:
+    """How a step turns a rollout batch into an update: the algo.* keys that `rl.trainer.train_step` reads.
+
+    It is the schema of those keys (`rl.config.AlgoConfig` extends it) and the value train_step takes.
+    Checked once, when built; the choices may be given as strings (``LossConfig(loss_type="dapo")``).
+    """
+
+    loss_type: LossType = LossType.grpo  # the aggregation (rl.aggregation)
+    eps_low: float = 0.2  # clip the ratio to [1 - eps_low, 1 + eps_high]
+    eps_high: float = 0.2
+    dual_clip_c: float | None = None  # cap the loss of negative-advantage tokens at -c * A
+    gspo: bool = False  # one length-normalised ratio per sequence
+    beta: float = 0.0  # weight of the KL penalty against the base model (the adapter disabled)
+    kl_estimator: KLEstimator = KLEstimator.k3
+    num_iterations: int = 1  # optimizer steps over each batch (mu)
+    is_mode: ISMode = ISMode.none  # importance-sampling correction of the sampler's logprobs (rl.importance)
+    is_cap: float = 3.0
+    mask_truncated_completions: bool = False  # no loss on completions cut off at the length limit
+
+    def __post_init__(self) -> None:
+        self.loss_type = choice(LossType, self.loss_type, "loss_type")
+        self.kl_estimator = choice(KLEstimator, self.kl_estimator, "kl_estimator")
+        self.is_mode = choice(ISMode, self.is_mode, "is_mode")
+        problems = rule_problems(LOSS_RULES, self)
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 @dataclass(slots=True)
@@ -49,43 +108,26 @@ class LossStats:
         return out
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi (Schulman's k1, k2, k3).
 
     With log_r = ref_logprobs - logprobs: k1 = -log_r, k2 = log_r^2 / 2, k3 = exp(log_r) - log_r - 1 (>= 0).
     k1 and k3 are unbiased; k2 is biased but low-variance.
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
     log_r = ref_logprobs - logprobs
     if estimator == "k1":
         return -log_r
     if estimator == "k2":
         return 0.5 * log_r.square()
-    # expm1 keeps k3 exact and >= 0 for tiny log_r, where exp(x) - 1 cancels to rounding noise
-    return torch.expm1(log_r) - log_r
+    if estimator == "k3":
+        # expm1 keeps k3 exact and >= 0 for tiny log_r, where exp(x) - 1 cancels to rounding noise
+        return torch.expm1(log_r) - log_r
+    raise ValueError(f"unknown kl_estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of values [B, T] over true entries of mask [B, T]; 0 when the mask is empty."""
     return torch.where(mask, values, 0.0).sum() / mask.sum().clamp(min=1)
-
-
-def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_completion_length: int | None = None
-) -> torch.Tensor:
-    """Reduce a per-token loss [B, T] to a scalar.
-
-    grpo: mean over each sequence's tokens, then mean over sequences. bnpo: sum over tokens / active tokens
-    in this (micro-)batch. dapo: the same token mean, meant over the global batch (the trainer weighs
-    micro-batches by their token share). dr_grpo: sum over tokens / (B * max_completion_length).
-    """
-    summed = torch.where(mask, per_token, 0.0)
-    if loss_type == "grpo":
-        return (summed.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
-    if loss_type in ("bnpo", "dapo"):
-        return summed.sum() / mask.sum().clamp(min=1)
-    return summed.sum() / (mask.size(0) * max_completion_length)
 
 
 def _check_shapes(logprobs: torch.Tensor, advantages: torch.Tensor, same_shape: dict) -> None:
@@ -99,30 +141,6 @@ def _check_shapes(logprobs: torch.Tensor, advantages: torch.Tensor, same_shape: 
         raise ValueError(
             f"expected logprobs [B, T] and advantages [B], got {tuple(logprobs.shape)} and "
             f"{tuple(advantages.shape)}; flatten group advantages with advantages.view(-1)"
-        )
-
-
-def check_loss_args(
-    *, loss_type: str, eps_low: float, eps_high: float, dual_clip_c: float | None, beta: float,
-    kl_estimator: str, max_completion_length: int | None,
-) -> None:  # fmt: skip
-    """Raise ValueError naming the bad hyper-parameter and the fix."""
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {LOSS_TYPES}")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_estimator {kl_estimator!r}; choose one of {KL_ESTIMATORS}")
-    if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0):
-        raise ValueError(
-            f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}"
-        )
-    if dual_clip_c is not None and dual_clip_c <= 1.0:
-        raise ValueError(f"dual_clip_c must be > 1 (typically 3), got {dual_clip_c}; use None to disable it")
-    if beta < 0.0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    if loss_type == "dr_grpo" and (max_completion_length is None or max_completion_length <= 0):
-        raise ValueError(
-            "loss_type='dr_grpo' divides by B * max_completion_length; pass max_completion_length "
-            f"(the generation length limit), got {max_completion_length}"
         )
 
 
@@ -154,56 +172,49 @@ def compute_policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    loss: LossConfig,
     *,
-    loss_type: str = "grpo",
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip_c: float | None = None,
-    gspo: bool = False,
-    ref_logprobs: torch.Tensor | None = None,
-    beta: float = 0.0,
-    kl_estimator: str = "k3",
     max_completion_length: int | None = None,
+    ref_logprobs: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped surrogate -min(r*A, clip(r, 1-eps_low, 1+eps_high)*A) per token, plus beta * KL, aggregated.
 
     logprobs (with grad), old_logprobs, mask, ref_logprobs, is_weights, entropy: [B, T]; advantages: [B].
-    r = exp(logprobs - old_logprobs) per token, or per sequence with `gspo`. `dual_clip_c` caps the loss of
-    negative-advantage tokens at -c*A. `is_weights` (see `rl.importance`) multiply the policy term only.
+    r = exp(logprobs - old_logprobs) per token, or per sequence with `loss.gspo`. `loss.dual_clip_c` caps
+    the loss of negative-advantage tokens at -c*A. `is_weights` (see `rl.importance`) multiply the policy
+    term only. max_completion_length: the generation length limit, which loss_type dr_grpo divides by.
     """
-    check_loss_args(
-        loss_type=loss_type, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c, beta=beta,
-        kl_estimator=kl_estimator, max_completion_length=max_completion_length,
-    )  # fmt: skip
     same_shape = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs,
                   "is_weights": is_weights, "entropy": entropy}  # fmt: skip
     _check_shapes(logprobs, advantages, same_shape)
-    if beta > 0.0 and ref_logprobs is None:
+    if loss.beta > 0.0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs; pass the reference model's logprobs or set beta=0")
+    reduce = aggregation(loss.loss_type, max_completion_length).reduce
     mask = mask.bool()
     # zero the masked-out positions first, so padding garbage (even inf) cannot leak NaN into the gradient
     logprobs = torch.where(mask, logprobs, 0.0)
     old_logprobs = torch.where(mask, old_logprobs.detach(), 0.0)
     adv = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1]
-    ratio = _ratio(logprobs, old_logprobs, mask, gspo)
-    per_token, is_dual = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip_c)
+    ratio = _ratio(logprobs, old_logprobs, mask, loss.gspo)
+    per_token, is_dual = clipped_surrogate(ratio, adv, loss.eps_low, loss.eps_high, loss.dual_clip_c)
     if is_weights is not None:
         per_token = per_token * torch.where(mask, is_weights.detach(), 0.0)
-    policy_loss = aggregate(per_token, mask, loss_type, max_completion_length)
+    policy_loss = reduce(per_token, mask)
     kl = torch.zeros((), device=logprobs.device)
-    loss = policy_loss
+    total = policy_loss
     if ref_logprobs is not None:
-        per_token_kl = kl_estimate(logprobs, torch.where(mask, ref_logprobs.detach(), 0.0), kl_estimator)
+        ref = torch.where(mask, ref_logprobs.detach(), 0.0)
+        per_token_kl = kl_estimate(logprobs, ref, loss.kl_estimator)
         kl = masked_mean(per_token_kl.detach(), mask)
-        if beta > 0.0:
-            loss = aggregate(per_token + beta * per_token_kl, mask, loss_type, max_completion_length)
+        if loss.beta > 0.0:
+            total = reduce(per_token + loss.beta * per_token_kl, mask)
     ratio = ratio.detach()
-    is_low = (ratio < 1.0 - eps_low) & (adv < 0)
-    is_high = (ratio > 1.0 + eps_high) & (adv > 0)
+    is_low = (ratio < 1.0 - loss.eps_low) & (adv < 0)
+    is_high = (ratio > 1.0 + loss.eps_high) & (adv > 0)
     stats = LossStats(
-        loss=loss.detach(),
+        loss=total.detach(),
         policy_loss=policy_loss.detach(),
         kl=kl,
         entropy=None if entropy is None else masked_mean(entropy.detach(), mask),
@@ -214,4 +225,4 @@ def compute_policy_loss(
         ratio_mean=masked_mean(ratio, mask),
         num_tokens=mask.sum(),
     )
-    return loss, stats
+    return total, stats

@@ -14,13 +14,16 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from rl.settings import choices
+
 WANDB_MODES = ("offline", "online", "disabled")
+WandbMode = choices("WandbMode", WANDB_MODES)
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 WANDB_RUN_ID_FILE = "wandb_run_id"
@@ -68,6 +71,22 @@ PROGRESS_FIELDS = {
 }
 
 
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.offline  # offline needs no account or network; `wandb sync` uploads later
+    project: str = "pagedrl"
+    run_name: str | None = None
+
+
+@dataclass
+class LoggerConfig:
+    """The logger's settings (the logger.* keys); `RunLogger` takes them as flat arguments."""
+
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    samples_every: int = 5  # a table of prompts, completions and rewards every N steps
+    progress: bool = True
+
+
 @dataclass(slots=True)
 class SampleRow:
     """One sampled completion for the samples table."""
@@ -83,15 +102,15 @@ class RunLogger:
     def __init__(
         self,
         run_dir: str | os.PathLike,
-        project: str = "pagedrl",
-        run_name: str | None = None,
-        wandb_mode: str = "offline",
+        project: str = WandbConfig.project,
+        run_name: str | None = WandbConfig.run_name,
+        wandb_mode: str = WandbConfig.mode.value,
         config: Mapping[str, Any] | None = None,
         wandb_dir: str | os.PathLike | None = None,
         total_steps: int | None = None,
         start_step: int = 0,
-        sample_every: int = 10,
-        progress: bool = True,
+        sample_every: int = LoggerConfig.samples_every,
+        progress: bool = LoggerConfig.progress,
         resume: bool = False,
     ):
         if wandb_mode not in WANDB_MODES:

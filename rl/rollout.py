@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from rl.advantages import compute_advantages
 from rl.batch import RolloutBatch, collate_rollouts
 
 
@@ -123,14 +122,17 @@ def _turn_seed(seed: int | None, turn: int) -> int | None:
     return None if seed is None else seed + 1_000_003 * turn
 
 
+def group_rewards(groups: Sequence[Sequence[Trajectory]]) -> torch.Tensor:
+    """The episodes' rewards [num_prompts, G]."""
+    return torch.tensor([[t.reward for t in group] for group in groups], dtype=torch.float32)
+
+
 def to_rollout_batch(
-    trajectories: Sequence[Sequence[Trajectory]], pad_token_id: int, estimator: str, scale: str
-) -> tuple[RolloutBatch, torch.Tensor]:
-    """Group-relative advantages and the padded training batch; also returns rewards [num_prompts, G]."""
-    rewards = torch.tensor([[t.reward for t in group] for group in trajectories], dtype=torch.float32)
-    advantages = compute_advantages(rewards, estimator=estimator, scale=scale)
-    flat = [t for group in trajectories for t in group]
-    batch = collate_rollouts(
+    groups: Sequence[Sequence[Trajectory]], advantages: torch.Tensor, pad_token_id: int
+) -> RolloutBatch:
+    """The padded training batch of the groups' episodes, with their advantages [num_prompts, G]."""
+    flat = [t for group in groups for t in group]
+    return collate_rollouts(
         prompt_ids=[t.prompt_ids for t in flat],
         completion_ids=[t.completion_ids for t in flat],
         completion_logprobs=[t.logprobs for t in flat],
@@ -139,4 +141,3 @@ def to_rollout_batch(
         pad_token_id=pad_token_id,
         completion_masks=[t.completion_mask for t in flat],
     )
-    return batch, rewards

@@ -22,9 +22,13 @@ from typing import Any
 import torch
 
 from rl.batch import collate_rollouts
-from rl.losses import compute_policy_loss
+from rl.losses import LossConfig
 from rl.rollout import prompt_token_ids
+from rl.settings import ConfigError
 from rl.trainer import accumulate_gradients, model_device, optimizer_step
+
+# the per-sequence mean (grpo aggregation) of the policy loss at ratio 1 and advantage 1: the NLL's gradient
+NLL = LossConfig(loss_type="grpo")
 
 
 @dataclass(slots=True)
@@ -40,7 +44,7 @@ def demonstrations(
     """One demonstration per task that has one; the env's response prefix ends the prompt, as in rollouts."""
     demonstrate = getattr(env, "demonstration", None)
     if demonstrate is None:
-        raise ValueError(
+        raise ConfigError(
             f"sft.steps > 0 needs demonstrations, but the env {type(env).__name__} has no "
             "demonstration(task) method; add one to the env or set sft.steps=0"
         )
@@ -55,7 +59,7 @@ def demonstrations(
         group = str(task.get(group_by, "")) if group_by else ""
         demos.append(Demonstration(prompt, completion, group))
     if not demos:
-        raise ValueError(
+        raise ConfigError(
             "the env gave no usable demonstration for any training task (each must start with the env's "
             "response_prefix and add text after it); set sft.steps=0 to skip the warm start"
         )
@@ -67,7 +71,7 @@ class DemoSampler:
 
     def __init__(self, demos: Sequence[Demonstration], batch_size: int, seed: int = 0) -> None:
         if batch_size < 1:
-            raise ValueError(f"sft.batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"sft.batch_size must be >= 1, got {batch_size}")
         self.groups: dict[str, list[Demonstration]] = defaultdict(list)
         for demo in demos:
             self.groups[demo.group].append(demo)
@@ -100,12 +104,7 @@ def sft_step(
     )
     logprobs = torch.zeros(batch.input_ids.shape, device=model_device(model))
     stats = accumulate_gradients(
-        model,
-        batch,
-        compute_policy_loss,
-        loss_type="grpo",
-        micro_batch_size=micro_batch_size,
-        record_logprobs=logprobs,
+        model, batch, NLL, micro_batch_size=micro_batch_size, record_logprobs=logprobs
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     stepped, grad_norm, lr = optimizer_step(optimizer, None, params, max_grad_norm, stats.loss)

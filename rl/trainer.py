@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
-from collections.abc import Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from rl.aggregation import aggregation
 from rl.batch import RolloutBatch
-from rl.importance import IS_MODES, ISCorrection, importance_weights
+from rl.importance import ISCorrection, importance_weights
 from rl.logprobs import token_logprobs
-from rl.losses import LossStats, check_loss_args, compute_policy_loss
+from rl.losses import LossConfig, LossStats, compute_policy_loss
 from rl.stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
-
-LossFn = Callable[..., tuple[torch.Tensor, LossStats]]
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -79,22 +76,13 @@ def _per_rank_counts(model: torch.nn.Module, batch: RolloutBatch, device: torch.
     return counts
 
 
-def _loss_weight(loss_type: str, mb: RolloutBatch, counts: torch.Tensor, num_mb: int):
-    """Factor that turns a micro-batch loss into its share of the whole-batch loss."""
-    if loss_type in ("grpo", "dr_grpo"):
-        return mb.num_sequences / counts[0]
-    if loss_type == "dapo":
-        return mb.loss_mask.sum() / counts[1].clamp(min=1)
-    return 1.0 / num_mb  # bnpo: each micro-batch is normalised by its own tokens
-
-
 def accumulate_gradients(
     model: torch.nn.Module,
     batch: RolloutBatch,
-    loss_fn: LossFn,
+    loss: LossConfig,
     *,
-    loss_type: str,
     micro_batch_size: int,
+    max_completion_length: int | None = None,
     old_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
@@ -105,10 +93,11 @@ def accumulate_gradients(
 
     record_logprobs [B, T], when given, receives the current logprobs (detached).
 
-    loss_fn is compute_policy_loss with the hyper-parameters bound; loss_type picks the micro-batch weights.
+    Each micro-batch's `compute_policy_loss` is weighed by the loss type's aggregation (`rl.aggregation`).
     Without old_logprobs the ratio is 1 (the current logprobs, detached). [B, T] inputs follow `rl.batch`.
     Under DDP, gradients sync once, on the last micro-batch; stats stay per rank.
     """
+    weigh = aggregation(loss.loss_type, max_completion_length).weight
     device = model_device(model)
     num_tokens = batch.loss_mask.sum().to(device)
     counts = _per_rank_counts(model, batch, device)
@@ -131,30 +120,26 @@ def accumulate_gradients(
             old = out.logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
             if record_logprobs is not None:
                 record_logprobs[rows, :width] = out.logprobs.detach()
-            loss, stats = loss_fn(
+            mb_loss, stats = compute_policy_loss(
                 out.logprobs,
                 old,
                 mb.advantages,
                 mb.loss_mask,
+                loss,
+                max_completion_length=max_completion_length,
                 ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows, :width],
                 is_weights=None if is_weights is None else is_weights[rows, :width],
                 entropy=out.entropy,
             )
-            weight = _loss_weight(loss_type, mb, counts, len(starts))
-            (loss * weight).backward()
+            weight = weigh(mb.loss_mask, counts, len(starts))
+            (mb_loss * weight).backward()
         parts.append((stats, weight))
     return combine_loss_stats(parts, num_tokens)
 
 
-def _check_step_args(
-    num_iterations: int, micro_batch_size: int, max_grad_norm: float | None, is_mode: str | None
-) -> None:
-    if is_mode is not None and is_mode not in IS_MODES:
-        raise ValueError(f"unknown is_mode {is_mode!r}; choose one of {IS_MODES}, or None to disable it")
-    if num_iterations < 1 or micro_batch_size < 1:
-        raise ValueError(
-            f"num_iterations and micro_batch_size must be >= 1, got {num_iterations} and {micro_batch_size}"
-        )
+def _check_step_args(micro_batch_size: int, max_grad_norm: float | None) -> None:
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if max_grad_norm is not None and max_grad_norm <= 0.0:
         raise ValueError(f"max_grad_norm must be > 0, or None to disable clipping; got {max_grad_norm}")
 
@@ -180,13 +165,11 @@ def _mismatch(batch: RolloutBatch, logprobs: torch.Tensor, cap: float) -> ISCorr
     )
 
 
-def _is_correction(
-    batch: RolloutBatch, old: torch.Tensor | None, is_mode: str | None, is_cap: float
-) -> ISCorrection | None:
-    if is_mode is None:
+def _is_correction(batch: RolloutBatch, old: torch.Tensor | None, loss: LossConfig) -> ISCorrection | None:
+    if loss.is_mode == "none":
         return None
     sampling, mask = batch.sampling_logprobs.to(old.device), batch.loss_mask.to(old.device)
-    return importance_weights(old, sampling, mask, is_mode, is_cap)
+    return importance_weights(old, sampling, mask, loss.is_mode, cap=loss.is_cap)
 
 
 def train_step(
@@ -194,54 +177,39 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     batch: RolloutBatch,
+    loss: LossConfig,
     *,
-    num_iterations: int = 1,
-    micro_batch_size: int = 8,
-    max_grad_norm: float | None = 1.0,
-    loss_type: str = "grpo",
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip_c: float | None = None,
-    gspo: bool = False,
-    beta: float = 0.0,
-    kl_estimator: str = "k3",
-    is_mode: str | None = None,
-    is_cap: float = 3.0,
-    mask_truncated_completions: bool = False,
+    micro_batch_size: int,
+    max_grad_norm: float | None,
+    temperature: float,
     max_completion_length: int | None = None,
-    temperature: float = 1.0,
 ) -> StepStats:
-    """num_iterations (mu) optimizer steps over `batch`, each accumulating gradients over micro-batches.
+    """loss.num_iterations (mu) optimizer steps over `batch`, each accumulating gradients over micro-batches.
 
-    Old logprobs are recomputed once (only when mu > 1 or is_mode is set; otherwise the ratio is 1), and the
-    reference once when beta > 0. A step whose loss or gradient is non-finite is skipped: no optimizer or
-    scheduler step, gradients cleared, counted in num_skipped_steps. is_mode: None or a `rl.importance` mode.
+    Old logprobs are recomputed once (only when mu > 1 or loss.is_mode is set; otherwise the ratio is 1), and
+    the reference once when loss.beta > 0. A step whose loss or gradient is non-finite is skipped: no
+    optimizer or scheduler step, gradients cleared, counted in num_skipped_steps. temperature: the sampling
+    temperature; max_completion_length: the generation length limit (loss_type dr_grpo divides by it).
     """
-    hparams = dict(
-        loss_type=loss_type, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c, beta=beta,
-        kl_estimator=kl_estimator, max_completion_length=max_completion_length,
-    )  # fmt: skip
-    check_loss_args(**hparams)
-    _check_step_args(num_iterations, micro_batch_size, max_grad_norm, is_mode)
-    if mask_truncated_completions:
+    _check_step_args(micro_batch_size, max_grad_norm)
+    if loss.mask_truncated_completions:
         batch = dataclasses.replace(batch, loss_mask=batch.loss_mask & ~batch.truncated[:, None])
     old = None
-    if num_iterations > 1 or is_mode is not None:
+    if loss.num_iterations > 1 or loss.is_mode != "none":
         old = batch_logprobs(model, batch, micro_batch_size, temperature)
-    ref = reference_logprobs(model, batch, micro_batch_size, temperature) if beta > 0.0 else None
-    correction = _is_correction(batch, old, is_mode, is_cap)
-    loss_fn = functools.partial(compute_policy_loss, gspo=gspo, **hparams)
+    ref = reference_logprobs(model, batch, micro_batch_size, temperature) if loss.beta > 0.0 else None
+    correction = _is_correction(batch, old, loss)
     is_weights = None if correction is None else correction.weights
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
     losses, grad_norms, skipped, lr = [], [], 0, 0.0
     # Without a correction the sampler/trainer mismatch is still reported, from the first pass's logprobs.
     seen = torch.zeros(batch.input_ids.shape, device=model_device(model)) if correction is None else None
-    for iteration in range(num_iterations):
+    for iteration in range(loss.num_iterations):
         stats = accumulate_gradients(
-            model, batch, loss_fn, loss_type=loss_type, micro_batch_size=micro_batch_size, old_logprobs=old,
-            ref_logprobs=ref, is_weights=is_weights, temperature=temperature,
-            record_logprobs=seen if iteration == 0 else None,
+            model, batch, loss, micro_batch_size=micro_batch_size,
+            max_completion_length=max_completion_length, old_logprobs=old, ref_logprobs=ref,
+            is_weights=is_weights, temperature=temperature, record_logprobs=seen if iteration == 0 else None,
         )  # fmt: skip
         stepped, grad_norm, lr = optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
         skipped += not stepped
@@ -249,11 +217,11 @@ def train_step(
         grad_norms.append(grad_norm)
     return StepStats(
         loss=mean_loss_stats(losses),
-        grad_norm=sum(grad_norms) / num_iterations,
+        grad_norm=sum(grad_norms) / loss.num_iterations,
         lr=lr,
         num_tokens=int(batch.loss_mask.sum().item()),
-        num_optimizer_steps=num_iterations - skipped,
+        num_optimizer_steps=loss.num_iterations - skipped,
         num_skipped_steps=skipped,
         completions=CompletionStats.from_lengths(batch.completion_lengths, batch.truncated),
-        sampling=(correction or _mismatch(batch, seen, is_cap)).as_dict(),
+        sampling=(correction or _mismatch(batch, seen, loss.is_cap)).as_dict(),
     )

@@ -7,9 +7,10 @@ import torch
 from transformers import AutoTokenizer
 
 from envs import StepResult, step_episodes
+from rl.advantages import compute_advantages
 from rl.data import TaskStream
 from rl.models import smollm2_checkpoint_dir
-from rl.rollout import play_groups, prompt_token_ids, to_rollout_batch
+from rl.rollout import group_rewards, play_groups, prompt_token_ids, to_rollout_batch
 from rollout_engine import SamplingParams
 from rollout_engine.outputs import Completion, GroupResult
 
@@ -92,7 +93,10 @@ def test_rollout_batch_masks_prompt_and_observations_and_scales_advantages(token
     engine = ScriptedEngine(tokenizer, script)
     episodes = [[ExploreThenAnswer(), ExploreThenAnswer()]]
     groups = play_groups(engine, tokenizer, episodes, SamplingParams(n=2), step_episodes, 100)
-    batch, rewards = to_rollout_batch(groups, tokenizer.pad_token_id or 0, "grpo", "group")
+    rewards = group_rewards(groups)
+    batch = to_rollout_batch(
+        groups, compute_advantages(rewards, "grpo", "group"), tokenizer.pad_token_id or 0
+    )
     assert rewards.tolist() == [[1.0, 0.0]]
     # mean 0.5, Bessel std sqrt(0.5); advantages +-0.5 / (sqrt(0.5) + 1e-4)
     expected = 0.5 / (0.5**0.5 + 1e-4)

@@ -13,11 +13,13 @@ from datasets import Dataset, DatasetDict
 from hydra import compose, initialize_config_dir
 
 from envs import EnvError, StepResult
+from rl.advantages import compute_advantages
 from rl.checkpoint import find_latest
 from rl.config import register_configs
 from rl.lora import lora_tensors
 from rl.metrics import missing_metrics
-from rl.rollout import to_rollout_batch
+from rl.rollout import group_rewards, to_rollout_batch
+from rl.settings import ConfigError
 from rollout_engine import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,7 +183,8 @@ def test_multi_turn_masks_observation_tokens_out_of_the_loss(train_module, tmp_p
     cfg = compose_cfg(tmp_path, *multi_turn)
     stream = train_module.TaskStream(parts.train_tasks, seed=1)
     groups = train_module.collect_groups(parts, cfg, stream, step=9, timer=train_module.StepTimer())
-    batch, _ = to_rollout_batch(groups, parts.tokenizer.pad_token_id, "grpo", "group")
+    advantages = compute_advantages(group_rewards(groups), "grpo", "group")
+    batch = to_rollout_batch(groups, advantages, parts.tokenizer.pad_token_id)
     flat = [t for g in groups for t in g]
     observed = [t for t in flat if 0 in t.completion_mask]
     assert observed, "a random model writes no tags, so the env answers with a format hint"
@@ -227,6 +230,26 @@ def test_a_value_out_of_range_stops_the_run_before_the_model_loads(
         train_module.train(compose_cfg(tmp_path, override))
     with pytest.raises(ValueError, match="config values out of range"):
         train_module.eval_only(compose_cfg(tmp_path, override, "mode=eval"))
+
+
+def test_a_user_error_is_one_line_and_a_bug_keeps_its_traceback(train_module, tmp_path, monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    cfg = compose_cfg(tmp_path)
+
+    def train_raising(error):
+        def train(cfg, dist):
+            raise error
+
+        return train
+
+    monkeypatch.setattr(
+        train_module, "train", train_raising(ConfigError("algo.beta=-1.0: use a number >= 0"))
+    )
+    with pytest.raises(SystemExit, match="^error: algo.beta=-1.0: use a number >= 0$"):
+        train_module.main(cfg)
+    monkeypatch.setattr(train_module, "train", train_raising(ValueError("an internal bug")))
+    with pytest.raises(ValueError, match="an internal bug"):
+        train_module.main(cfg)
 
 
 def test_a_run_dir_that_is_a_file_stops_the_run_before_the_model_loads(train_module, tmp_path, monkeypatch):

@@ -1,6 +1,5 @@
 """Run by test_ddp_gradients.py under torch.distributed.run: 2 CPU ranks (gloo), rows 0-2 and 3-5."""
 
-import functools
 import sys
 
 import torch
@@ -8,7 +7,7 @@ import torch.distributed as dist
 from conftest import rollout_batch, tiny_llama, with_lora
 from torch.nn.parallel import DistributedDataParallel
 
-from rl.losses import compute_policy_loss
+from rl.losses import LossConfig
 from rl.trainer import accumulate_gradients, batch_logprobs
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
@@ -31,9 +30,8 @@ def main(out_dir: str) -> None:
     ddp = DistributedDataParallel(model)
     grads = {}
     for loss_type in LOSS_TYPES:
-        loss_fn = functools.partial(compute_policy_loss, loss_type=loss_type, max_completion_length=8)
         accumulate_gradients(
-            ddp, shard, loss_fn, loss_type=loss_type, micro_batch_size=2,
+            ddp, shard, LossConfig(loss_type=loss_type), micro_batch_size=2, max_completion_length=8,
             old_logprobs=old[3 * rank : 3 * rank + 3, : shard.input_ids.size(1)],
         )  # fmt: skip
         grads[loss_type] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}

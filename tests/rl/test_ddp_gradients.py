@@ -1,6 +1,5 @@
 """Two DDP ranks on gloo holding unequal token counts reproduce the single-process whole-batch gradient."""
 
-import functools
 import importlib.util
 import os
 import subprocess
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from rl.losses import compute_policy_loss
+from rl.losses import LossConfig
 from rl.trainer import accumulate_gradients
 
 WORKER = Path(__file__).with_name("ddp_grad_worker.py")
@@ -42,8 +41,10 @@ def test_ddp_matches_single_process(tmp_path, make_llama, make_lora, make_batch)
     assert batch.loss_mask[:3].sum() != batch.loss_mask[3:].sum()
     old = worker.stale_old_logprobs(model, batch)
     for loss_type in worker.LOSS_TYPES:
-        loss_fn = functools.partial(compute_policy_loss, loss_type=loss_type, max_completion_length=8)
-        accumulate_gradients(model, batch, loss_fn, loss_type=loss_type, micro_batch_size=6, old_logprobs=old)
+        accumulate_gradients(
+            model, batch, LossConfig(loss_type=loss_type), micro_batch_size=6, max_completion_length=8,
+            old_logprobs=old,
+        )  # fmt: skip
         for name, param in model.named_parameters():
             if param.requires_grad:
                 for grads in ranks:

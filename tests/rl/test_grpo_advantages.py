@@ -68,11 +68,11 @@ def test_zero_std_groups_reported_and_filtered():
 )
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        compute_advantages(REWARDS, **kwargs)
+        compute_advantages(REWARDS, **{"estimator": "grpo", "scale": "group", **kwargs})
 
 
 def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match=r"rewards must be \[num_prompts, G\]"):
-        compute_advantages(torch.ones(8))
+        compute_advantages(torch.ones(8), "grpo", "group")
     with pytest.raises(ValueError, match="group size G=1 is too small"):
-        compute_advantages(torch.ones(4, 1))
+        compute_advantages(torch.ones(4, 1), "grpo", "group")

@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from rl.losses import compute_policy_loss, kl_estimate
+from rl.losses import LossConfig, compute_policy_loss, kl_estimate
 
 P = torch.tensor([0.1, 0.2, 0.3, 0.4])
 Q = torch.tensor([0.25, 0.25, 0.4, 0.1])
@@ -54,8 +54,9 @@ def test_kl_term_in_the_loss_and_its_gradient():
     ref = torch.tensor([[0.0, math.log(0.25)]])
     mask = torch.tensor([[False, True]])
     loss, stats = compute_policy_loss(
-        logprobs, logprobs.detach(), torch.tensor([0.0]), mask, ref_logprobs=ref, beta=0.1, kl_estimator="k3"
-    )
+        logprobs, logprobs.detach(), torch.tensor([0.0]), mask, LossConfig(beta=0.1, kl_estimator="k3"),
+        ref_logprobs=ref,
+    )  # fmt: skip
     assert loss.item() == pytest.approx(0.1 * (0.5 + math.log(2) - 1))
     assert stats.kl.item() == pytest.approx(0.5 + math.log(2) - 1)
     loss.backward()
@@ -70,8 +71,8 @@ def test_kl_reported_but_not_added_when_beta_is_zero():
         logprobs,
         torch.tensor([0.0]),
         torch.tensor([[False, True]]),
+        LossConfig(kl_estimator="k1"),
         ref_logprobs=ref,
-        kl_estimator="k1",
     )
     assert loss.item() == 0.0
     assert stats.kl.item() == pytest.approx(math.log(2))

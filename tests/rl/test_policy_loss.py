@@ -8,13 +8,15 @@ bnpo  = dapo = 1.9 / 5 = 0.38
 dr_grpo (L = 4) = 1.9 / (2 * 4) = 0.2375
 """
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from rl.losses import compute_policy_loss
+from rl.losses import LossConfig, compute_policy_loss
 
+LOSS_SETTINGS = {field.name for field in dataclasses.fields(LossConfig)}
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0]])
 RATIOS = torch.tensor([[1.5, 1.0, 0.5], [0.5, 1.5, 9.0]])
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
@@ -30,7 +32,7 @@ def logprobs_leaf(ratios=RATIOS):
 )
 def test_loss_value_per_aggregation(loss_type, expected):
     loss, stats = compute_policy_loss(
-        logprobs_leaf(), OLD, ADV, MASK, loss_type=loss_type, max_completion_length=4
+        logprobs_leaf(), OLD, ADV, MASK, LossConfig(loss_type=loss_type), max_completion_length=4
     )
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert stats.policy_loss.item() == pytest.approx(expected, abs=1e-6)
@@ -43,7 +45,7 @@ def test_loss_value_per_aggregation(loss_type, expected):
 
 def test_clip_higher_is_asymmetric():
     # eps_high 0.28: row 0 token 0 becomes -1.28; row 1 token 1 (A < 0) keeps -A * 1.5 = 3.0
-    loss, stats = compute_policy_loss(logprobs_leaf(), OLD, ADV, MASK, eps_low=0.2, eps_high=0.28)
+    loss, stats = compute_policy_loss(logprobs_leaf(), OLD, ADV, MASK, LossConfig(eps_low=0.2, eps_high=0.28))
     assert loss.item() == pytest.approx((-2.78 / 3 + 4.6 / 2) / 2, abs=1e-6)
     assert stats.clip_high.item() == pytest.approx(0.2)
 
@@ -51,7 +53,7 @@ def test_clip_higher_is_asymmetric():
 def test_grpo_gradient_by_hand():
     # d loss / d logprob = d(-A r) / d logprob / (|y_i| * B) = -A r / (|y_i| * 2), zero where clipped
     logprobs = logprobs_leaf()
-    loss, _ = compute_policy_loss(logprobs, OLD, ADV, MASK)
+    loss, _ = compute_policy_loss(logprobs, OLD, ADV, MASK, LossConfig())
     loss.backward()
     expected = torch.tensor([[0.0, -1.0 / 6, -0.5 / 6], [0.0, 2.0 * 1.5 / 4, 0.0]])
     torch.testing.assert_close(logprobs.grad, expected)
@@ -62,21 +64,21 @@ def test_dual_clip_caps_negative_advantage_loss():
     old = torch.zeros(1, 3)
     logprobs = torch.tensor([[4.0, 2.0, 0.5]]).log().requires_grad_()
     mask, adv = torch.ones(1, 3, dtype=torch.bool), torch.tensor([-1.0])
-    loss, stats = compute_policy_loss(logprobs, old, adv, mask, dual_clip_c=3.0)
+    loss, stats = compute_policy_loss(logprobs, old, adv, mask, LossConfig(dual_clip_c=3.0))
     assert loss.item() == pytest.approx(5.8 / 3, abs=1e-6)
     assert stats.clip_dual.item() == pytest.approx(1 / 3)
     assert stats.clip_low.item() == pytest.approx(1 / 3)
     loss.backward()
     torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 2.0 / 3, 0.0]]))
-    plain, _ = compute_policy_loss(logprobs.detach(), old, adv, mask)
+    plain, _ = compute_policy_loss(logprobs.detach(), old, adv, mask, LossConfig())
     assert plain.item() == pytest.approx(6.8 / 3, abs=1e-6)
 
 
 def test_dual_clip_leaves_positive_advantages_alone():
     old, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
     logprobs = torch.tensor([[5.0, 0.5]]).log()
-    with_c, _ = compute_policy_loss(logprobs, old, torch.tensor([1.0]), mask, dual_clip_c=3.0)
-    without, _ = compute_policy_loss(logprobs, old, torch.tensor([1.0]), mask)
+    with_c, _ = compute_policy_loss(logprobs, old, torch.tensor([1.0]), mask, LossConfig(dual_clip_c=3.0))
+    without, _ = compute_policy_loss(logprobs, old, torch.tensor([1.0]), mask, LossConfig())
     assert with_c.item() == without.item() == pytest.approx(-(1.2 + 0.5) / 2)
 
 
@@ -85,7 +87,8 @@ def test_gspo_sequence_ratio():
     # row 1: s = 0.75 ** (1/2) = 0.8660 < 0.9, A = -2: loss max(2 * 0.866, 2 * 0.9) = 1.8, clipped
     logprobs = logprobs_leaf()
     s0 = 0.75 ** (1 / 3)
-    loss, stats = compute_policy_loss(logprobs, OLD, ADV, MASK, gspo=True, eps_low=0.1, eps_high=0.1)
+    gspo = LossConfig(gspo=True, eps_low=0.1, eps_high=0.1)
+    loss, stats = compute_policy_loss(logprobs, OLD, ADV, MASK, gspo)
     assert loss.item() == pytest.approx((-s0 + 1.8) / 2, abs=1e-6)
     assert stats.clip_low.item() == pytest.approx(2 / 5)  # both tokens of row 1
     assert stats.ratio_mean.item() == pytest.approx((3 * s0 + 2 * 0.75**0.5) / 5, abs=1e-6)
@@ -93,9 +96,7 @@ def test_gspo_sequence_ratio():
     # each row-0 token moves s0 by s0 / 3; grpo averages 2 sequences
     expected = torch.tensor([[-s0 / 6] * 3, [0.0, 0.0, 0.0]])
     torch.testing.assert_close(logprobs.grad, expected)
-    dapo, _ = compute_policy_loss(
-        logprobs, OLD, ADV, MASK, gspo=True, eps_low=0.1, eps_high=0.1, loss_type="dapo"
-    )
+    dapo, _ = compute_policy_loss(logprobs, OLD, ADV, MASK, dataclasses.replace(gspo, loss_type="dapo"))
     assert dapo.item() == pytest.approx((-3 * s0 + 2 * 1.8) / 5, abs=1e-6)
 
 
@@ -109,7 +110,9 @@ def test_ratio_one_gradient_is_reinforce_with_baseline(loss_type):
     ).bool()
     adv = torch.tensor([0.5, -1.0, 2.0, -0.25])
     logprobs = old.clone().requires_grad_()
-    loss, _ = compute_policy_loss(logprobs, old, adv, mask, loss_type=loss_type, max_completion_length=8)
+    loss, _ = compute_policy_loss(
+        logprobs, old, adv, mask, LossConfig(loss_type=loss_type), max_completion_length=8
+    )
     loss.backward()
     lengths = mask.sum(1, keepdim=True).float()
     normaliser = {
@@ -127,10 +130,10 @@ def test_ratio_one_gradient_is_reinforce_with_baseline(loss_type):
 def test_padding_beyond_the_mask_changes_nothing(loss_type, gspo):
     ref = OLD - 0.3
     weights = torch.tensor([[1.0, 2.0, 0.5], [3.0, 1.0, 7.0]])
-    kwargs = dict(loss_type=loss_type, max_completion_length=6, beta=0.1, gspo=gspo, dual_clip_c=3.0)
+    config = LossConfig(loss_type=loss_type, beta=0.1, gspo=gspo, dual_clip_c=3.0)
     logprobs = logprobs_leaf()
     loss, stats = compute_policy_loss(
-        logprobs, OLD, ADV, MASK, ref_logprobs=ref, is_weights=weights, **kwargs
+        logprobs, OLD, ADV, MASK, config, max_completion_length=6, ref_logprobs=ref, is_weights=weights
     )
     loss.backward()
 
@@ -139,8 +142,8 @@ def test_padding_beyond_the_mask_changes_nothing(loss_type, gspo):
 
     padded = pad(logprobs.detach(), float("nan")).requires_grad_()
     padded_loss, padded_stats = compute_policy_loss(
-        padded, pad(OLD, -float("inf")), ADV, pad(MASK, False),
-        ref_logprobs=pad(ref, 50.0), is_weights=pad(weights, float("inf")), **kwargs,
+        padded, pad(OLD, -float("inf")), ADV, pad(MASK, False), config,
+        max_completion_length=6, ref_logprobs=pad(ref, 50.0), is_weights=pad(weights, float("inf")),
     )  # fmt: skip
     padded_loss.backward()
     assert padded_loss.item() == loss.item()
@@ -157,8 +160,8 @@ def test_importance_weights_scale_the_policy_term_only():
     ref = logprobs - math.log(2)
     k3 = 0.5 + math.log(2) - 1
     loss, stats = compute_policy_loss(
-        logprobs, logprobs, torch.tensor([1.0]), mask, is_weights=torch.tensor([[9.0, 3.0, 0.5]]),
-        ref_logprobs=ref, beta=0.1,
+        logprobs, logprobs, torch.tensor([1.0]), mask, LossConfig(beta=0.1),
+        is_weights=torch.tensor([[9.0, 3.0, 0.5]]), ref_logprobs=ref,
     )  # fmt: skip
     assert stats.policy_loss.item() == pytest.approx(-1.75)
     assert stats.kl.item() == pytest.approx(k3)
@@ -168,7 +171,7 @@ def test_importance_weights_scale_the_policy_term_only():
 def test_entropy_stat_is_the_masked_mean():
     logprobs = logprobs_leaf().detach()
     entropy = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 100.0]])
-    _, stats = compute_policy_loss(logprobs, OLD, ADV, MASK, entropy=entropy)
+    _, stats = compute_policy_loss(logprobs, OLD, ADV, MASK, LossConfig(), entropy=entropy)
     assert stats.entropy.item() == pytest.approx(3.0)
     assert stats.as_dict()["entropy"] == pytest.approx(3.0)
 
@@ -186,10 +189,12 @@ def test_entropy_stat_is_the_masked_mean():
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
+    settings = {key: value for key, value in kwargs.items() if key in LOSS_SETTINGS}
+    tensors = {key: value for key, value in kwargs.items() if key not in LOSS_SETTINGS}
     with pytest.raises(ValueError, match=message):
-        compute_policy_loss(logprobs_leaf(), OLD, ADV, MASK, **kwargs)
+        compute_policy_loss(logprobs_leaf(), OLD, ADV, MASK, LossConfig(**settings), **tensors)
 
 
 def test_advantages_must_be_flat():
     with pytest.raises(ValueError, match=r"advantages \[B\]"):
-        compute_policy_loss(logprobs_leaf(), OLD, ADV[:, None], MASK)
+        compute_policy_loss(logprobs_leaf(), OLD, ADV[:, None], MASK, LossConfig())

@@ -1,16 +1,15 @@
 """The optimisation step on a tiny Llama with a LoRA adapter."""
 
-import functools
-
 import pytest
 import torch
 
-from rl.losses import compute_policy_loss
+from rl.losses import LossConfig
 from rl.optim import build_lr_scheduler, build_optimizer
 from rl.trainer import accumulate_gradients, batch_logprobs, reference_logprobs, train_step
 
 # loss-mask tokens per row: completions [4, 6, 3, 5, 2, 4], row 3 has 2 observation tokens
 NUM_TOKENS = 4 + 6 + 3 + 3 + 2 + 4
+STEP = dict(max_grad_norm=1.0, temperature=1.0)  # trainer.max_grad_norm and rollout.temperature
 
 
 def lora_grads(model):
@@ -26,7 +25,7 @@ def test_first_step_stats_by_hand(make_llama, make_lora, make_batch):
     # grpo loss = -mean(A) = -(0.5 - 1 + 1.5 + 0.25 - 0.75 + 1) / 6
     model, batch = make_lora(make_llama(), perturb=False), make_batch()
     optimizer = build_optimizer(model, lr=1e-3)
-    stats = train_step(model, optimizer, None, batch, micro_batch_size=4, beta=0.04)
+    stats = train_step(model, optimizer, None, batch, LossConfig(beta=0.04), micro_batch_size=4, **STEP)
     logged = stats.as_dict()
     assert logged["loss"] == pytest.approx(-1.5 / 6, abs=1e-6)
     assert logged["kl"] == 0.0
@@ -53,13 +52,11 @@ def test_micro_batched_gradient_matches_single_batch(make_llama, make_lora, make
     old = batch_logprobs(model, batch, 6) + 0.3 * torch.randn(batch.input_ids.shape)
     ref = reference_logprobs(model, batch, 6)
     is_weights = torch.rand(batch.input_ids.shape) * 2
-    loss_fn = functools.partial(
-        compute_policy_loss, loss_type=loss_type, beta=0.1, max_completion_length=8, dual_clip_c=3.0
-    )
+    loss = LossConfig(loss_type=loss_type, beta=0.1, dual_clip_c=3.0)
     results = []
     for micro_batch_size in (6, 4, 1):
         stats = accumulate_gradients(
-            model, batch, loss_fn, loss_type=loss_type, micro_batch_size=micro_batch_size,
+            model, batch, loss, micro_batch_size=micro_batch_size, max_completion_length=8,
             old_logprobs=old, ref_logprobs=ref, is_weights=is_weights,
         )  # fmt: skip
         results.append((stats, lora_grads(model)))
@@ -78,8 +75,7 @@ def test_bnpo_over_the_whole_batch_equals_dapo(make_llama, make_lora, make_batch
     model, batch = make_lora(make_llama(), perturb=True), make_batch()
     losses = []
     for loss_type in ("bnpo", "dapo"):
-        loss_fn = functools.partial(compute_policy_loss, loss_type=loss_type)
-        stats = accumulate_gradients(model, batch, loss_fn, loss_type=loss_type, micro_batch_size=6)
+        stats = accumulate_gradients(model, batch, LossConfig(loss_type=loss_type), micro_batch_size=6)
         losses.append(stats.loss.item())
     assert losses[0] == pytest.approx(losses[1], abs=1e-7)
 
@@ -102,7 +98,9 @@ def test_repeated_steps_raise_the_chosen_tokens_logprobs(make_llama, make_lora, 
     before = batch_logprobs(model, batch, 6)
     losses = [independent_loss(model, batch)]
     for _ in range(6):
-        stats = train_step(model, optimizer, None, batch, num_iterations=2, micro_batch_size=4)
+        stats = train_step(
+            model, optimizer, None, batch, LossConfig(num_iterations=2), micro_batch_size=4, **STEP
+        )
         # pass 1 has ratio 1 (loss -1); pass 2 has ratios > 1, clipped at 1.2 for A > 0
         assert -1.2 <= stats.loss.loss.item() < -1.0
         losses.append(independent_loss(model, batch))
@@ -116,7 +114,7 @@ def test_nan_loss_skips_the_step_and_keeps_the_weights(make_llama, make_lora, ma
     model, batch = make_lora(make_llama(), perturb=True), make_batch()
     optimizer = build_optimizer(model, lr=1e-2)
     scheduler = build_lr_scheduler(optimizer, "cosine", warmup_steps=1, num_training_steps=10)
-    train_step(model, optimizer, scheduler, batch, micro_batch_size=3)
+    train_step(model, optimizer, scheduler, batch, LossConfig(), micro_batch_size=3, **STEP)
     weights, adam_state = snapshot(model), {k: v["exp_avg"].clone() for k, v in optimizer.state.items()}
     calls = []
 
@@ -125,7 +123,7 @@ def test_nan_loss_skips_the_step_and_keeps_the_weights(make_llama, make_lora, ma
         return output * float("nan") if len(calls) == 2 else output
 
     handle = model.get_output_embeddings().register_forward_hook(poison_second_micro_batch)
-    stats = train_step(model, optimizer, scheduler, batch, micro_batch_size=3)
+    stats = train_step(model, optimizer, scheduler, batch, LossConfig(), micro_batch_size=3, **STEP)
     handle.remove()
     assert len(calls) == 2
     assert (stats.num_skipped_steps, stats.num_optimizer_steps) == (1, 0)
@@ -136,14 +134,15 @@ def test_nan_loss_skips_the_step_and_keeps_the_weights(make_llama, make_lora, ma
     assert scheduler.last_epoch == 1  # one real step so far
     assert all(p.grad is None for p in model.parameters())
     # the next clean step goes through
-    stats = train_step(model, optimizer, scheduler, batch, micro_batch_size=3)
+    stats = train_step(model, optimizer, scheduler, batch, LossConfig(), micro_batch_size=3, **STEP)
     assert stats.num_skipped_steps == 0 and scheduler.last_epoch == 2
 
 
 def test_only_lora_weights_move(make_llama, make_lora, make_batch):
     model, batch = make_lora(make_llama(), perturb=True), make_batch()
     before = snapshot(model)
-    train_step(model, build_optimizer(model, lr=1e-2), None, batch, micro_batch_size=6, beta=0.1)
+    optimizer = build_optimizer(model, lr=1e-2)
+    train_step(model, optimizer, None, batch, LossConfig(beta=0.1), micro_batch_size=6, **STEP)
     for name, param in model.named_parameters():
         assert torch.equal(param, before[name]) != param.requires_grad, name
 
@@ -151,12 +150,13 @@ def test_only_lora_weights_move(make_llama, make_lora, make_batch):
 def test_mask_truncated_completions(make_llama, make_lora, make_batch):
     model = make_lora(make_llama(), perturb=True)
     optimizer = build_optimizer(model, lr=1e-2)
-    stats = train_step(model, optimizer, None, make_batch(), mask_truncated_completions=True)
+    masked = LossConfig(mask_truncated_completions=True)
+    stats = train_step(model, optimizer, None, make_batch(), masked, micro_batch_size=8, **STEP)
     assert stats.num_tokens == NUM_TOKENS - 6 - 2  # rows 1 and 4 are truncated
     everything_truncated = make_batch(truncated=[True] * 6)
     before = snapshot(model)
     fresh = build_optimizer(model, lr=1e-2)  # no Adam momentum from the step above
-    stats = train_step(model, fresh, None, everything_truncated, mask_truncated_completions=True)
+    stats = train_step(model, fresh, None, everything_truncated, masked, micro_batch_size=8, **STEP)
     assert stats.num_tokens == 0 and stats.grad_norm == 0.0
     assert stats.as_dict()["completions/mean_terminated_length"] == 0.0
     for name, value in snapshot(model).items():
@@ -167,8 +167,9 @@ def test_importance_sampling_stats_in_the_step(make_llama, make_lora, make_batch
     model, batch = make_lora(make_llama(), perturb=True), make_batch()
     noise = 0.1 * torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(4))
     batch.sampling_logprobs = torch.where(batch.loss_mask, batch_logprobs(model, batch, 6) + noise, 0.0)
+    corrected = LossConfig(is_mode="token_truncate", is_cap=1.05)
     stats = train_step(
-        model, build_optimizer(model, lr=1e-3), None, batch, is_mode="token_truncate", is_cap=1.05
+        model, build_optimizer(model, lr=1e-3), None, batch, corrected, micro_batch_size=8, **STEP
     )
     logged = stats.as_dict()
     expected = noise[batch.loss_mask]
@@ -185,7 +186,10 @@ def test_lr_follows_the_schedule(make_llama, make_lora, make_batch):
     model, batch = make_lora(make_llama(), perturb=True), make_batch()
     optimizer = build_optimizer(model, lr=0.1)
     scheduler = build_lr_scheduler(optimizer, "cosine", warmup_steps=2, num_training_steps=4)
-    lrs = [train_step(model, optimizer, scheduler, batch, micro_batch_size=6).lr for _ in range(4)]
+    lrs = [
+        train_step(model, optimizer, scheduler, batch, LossConfig(), micro_batch_size=6, **STEP).lr
+        for _ in range(4)
+    ]
     assert lrs == pytest.approx([0.0, 0.05, 0.1, 0.05])
 
 
@@ -194,14 +198,22 @@ def test_bad_arguments_leave_the_model_untouched(make_llama, make_lora, make_bat
     optimizer = build_optimizer(model, lr=1e-2)
     before = snapshot(model)
     with pytest.raises(ValueError, match="pass max_completion_length"):
-        train_step(model, optimizer, None, batch, loss_type="dr_grpo")
+        train_step(model, optimizer, None, batch, LossConfig(loss_type="dr_grpo"), micro_batch_size=8, **STEP)
     with pytest.raises(ValueError, match="unknown is_mode"):
-        train_step(model, optimizer, None, batch, is_mode="token")
+        train_step(model, optimizer, None, batch, LossConfig(is_mode="token"), micro_batch_size=8, **STEP)
     with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
-        train_step(model, optimizer, None, batch, micro_batch_size=0)
+        train_step(model, optimizer, None, batch, LossConfig(), micro_batch_size=0, **STEP)
     with pytest.raises(ValueError, match="is not a peft model"):
         base = make_llama()
-        train_step(base, build_optimizer(base, lr=1e-2), None, batch, beta=0.1)
+        train_step(
+            base,
+            build_optimizer(base, lr=1e-2),
+            None,
+            batch,
+            LossConfig(beta=0.1),
+            micro_batch_size=8,
+            **STEP,
+        )
     with pytest.raises(ValueError, match="no trainable parameters"):
         build_optimizer(model.get_base_model().model.embed_tokens, lr=1e-2)
     for name, value in snapshot(model).items():

@@ -5,6 +5,7 @@ import torch
 
 from rl.batch import collate_rollouts
 from rl.lora import add_lora
+from rl.losses import LossConfig
 from rl.models import load_model
 from rl.optim import build_optimizer
 from rl.trainer import train_step
@@ -21,7 +22,10 @@ def test_first_step_on_smollm2():
     batch = collate_rollouts(
         prompts, completions, [[-3.0] * len(c) for c in completions], advantages, [False] * 4, pad_token_id=0
     )
-    stats = train_step(model, build_optimizer(model, lr=1e-4), None, batch, micro_batch_size=2, beta=0.04)
+    stats = train_step(
+        model, build_optimizer(model, lr=1e-4), None, batch, LossConfig(beta=0.04),
+        micro_batch_size=2, max_grad_norm=1.0, temperature=1.0,
+    )  # fmt: skip
     logged = stats.as_dict()
     # fresh adapter: policy == reference (kl 0) and ratio 1, so grpo loss = -mean(A)
     assert logged["loss"] == pytest.approx(-advantages.mean().item(), abs=1e-6)

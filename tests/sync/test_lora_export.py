@@ -25,6 +25,13 @@ def test_target_shorthands_and_lists():
     assert resolve_target_modules(["down_proj", "q_proj"]) == ["q_proj", "down_proj"]
 
 
+def test_target_names_may_be_comma_separated():
+    # lora.target_modules is a string in the config: lora.target_modules='v_proj, q_proj'
+    assert resolve_target_modules("v_proj, q_proj") == ["q_proj", "v_proj"]
+    with pytest.raises(ValueError, match="unknown: \\['lm_head'\\]"):
+        resolve_target_modules("q_proj,lm_head")
+
+
 @pytest.mark.parametrize(
     ("targets", "message"),
     [("everything", "Unknown LoRA target shorthand"), (["q_proj", "lm_head"], "unknown: \\['lm_head'\\]"),
