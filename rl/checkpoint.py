@@ -32,6 +32,8 @@ import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
+from rl.settings import ConfigError
+
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 ADAPTER = "adapter"
@@ -252,7 +254,7 @@ def _read_adapter(adapter_dir: Path, model: PeftModel) -> dict[str, torch.Tensor
         details = ", ".join(
             f"{key}: saved {saved.get(key)!r} vs model {live.get(key)!r}" for key in mismatched
         )
-        raise ValueError(
+        raise ConfigError(
             f"The adapter in {adapter_dir} does not fit the model ({details}): build the LoRA with the "
             "settings the checkpoint was trained with (its config.yaml)."
         )
@@ -263,7 +265,7 @@ def _read_adapter(adapter_dir: Path, model: PeftModel) -> dict[str, torch.Tensor
         | {k for k in weights.keys() & expected.keys() if weights[k].shape != expected[k].shape}
     )
     if wrong:
-        raise ValueError(
+        raise ConfigError(
             f"The adapter in {adapter_dir} does not match the model's LoRA layers (for example {wrong[:3]}): "
             "load it into the base architecture it was trained on."
         )
@@ -272,7 +274,7 @@ def _read_adapter(adapter_dir: Path, model: PeftModel) -> dict[str, torch.Tensor
 
 def _check_loadable(path: Path) -> None:
     if (path / CHECKPOINTS).is_dir() and not (path / STATE).exists():
-        raise ValueError(
+        raise ConfigError(
             f"{path} is a run directory, not a checkpoint: pass rl.checkpoint.find_latest({str(path)!r}) "
             f"or one of its {CHECKPOINTS}/step_<N> directories."
         )

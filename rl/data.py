@@ -7,13 +7,15 @@ from typing import Any
 
 import torch
 
+from rl.settings import ConfigError
+
 
 class TaskStream:
     """Yields batches of task rows in a seeded order; `position()` / `restore()` make it resumable."""
 
     def __init__(self, tasks: Sequence[Any], seed: int = 0) -> None:
         if len(tasks) == 0:
-            raise ValueError("the task set is empty; check the env's tasks config (env.tasks)")
+            raise ConfigError("the task set is empty; check the env's tasks config (env.tasks)")
         self.tasks = tasks
         self.seed = seed
         self.epoch = 0
@@ -40,7 +42,7 @@ class TaskStream:
 
     def restore(self, position: dict[str, int]) -> None:
         if position.get("seed", self.seed) != self.seed:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint data seed {position['seed']} differs from this run's seed {self.seed}; "
                 f"resume with seed={position['seed']}"
             )

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from rl.evaluate import EvalResult
+from rl.settings import ConfigError
 from rollout_engine.memory import total_memory_bytes
 
 T = TypeVar("T")
@@ -57,7 +58,7 @@ def _env_int(name: str, default: int | None = None) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ValueError(
+        raise ConfigError(
             f"environment variable {name}={value!r} is not an integer; launch data-parallel runs with "
             "`torchrun --nproc-per-node N train.py ...`, which sets RANK, WORLD_SIZE and LOCAL_RANK"
         ) from None
@@ -70,12 +71,12 @@ def rank_device(device: str, local_rank: int) -> str:
     if device == "cpu":
         return device
     if device != "cuda":
-        raise ValueError(
+        raise ConfigError(
             f"model.device={device} pins one device, but under torchrun each rank takes cuda:LOCAL_RANK; "
             "set model.device=auto (or cuda, or cpu)"
         )
     if local_rank >= torch.cuda.device_count():
-        raise ValueError(
+        raise ConfigError(
             f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; lower --nproc-per-node"
         )
     return f"cuda:{local_rank}"

@@ -7,6 +7,8 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from rl.settings import ConfigError
+
 SCHEDULES = ("constant", "cosine")
 
 
@@ -60,7 +62,7 @@ def build_lr_scheduler(
             f"need warmup_steps >= 0 and 0 <= min_lr_ratio <= 1, got {warmup_steps}, {min_lr_ratio}"
         )
     if schedule == "cosine" and (num_training_steps is None or num_training_steps <= warmup_steps):
-        raise ValueError(
+        raise ConfigError(
             f"the cosine schedule needs num_training_steps > warmup_steps ({warmup_steps}), "
             f"got {num_training_steps}; pass the total number of optimizer steps"
         )
