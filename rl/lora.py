@@ -64,11 +64,6 @@ def resolve_target_modules(target_modules: str | Sequence[str]) -> list[str]:
     return [name for name in PROJECTIONS if name in names]
 
 
-def lora_scale(alpha: float, rank: int, use_rslora: bool = False) -> float:
-    """The LoRA output scale: ``alpha / r``, or ``alpha / sqrt(r)`` with rank-stabilised LoRA."""
-    return alpha / rank**0.5 if use_rslora else alpha / rank
-
-
 def add_lora(
     model: nn.Module,
     rank: int = LoraConfig.rank,
@@ -112,9 +107,3 @@ def lora_tensors(peft_model: PeftModel) -> dict[str, torch.Tensor]:
         named[f"{path}.lora_A"] = layer.lora_A[adapter].weight.detach()  # [r, in_features]
         named[f"{path}.lora_B"] = layer.lora_B[adapter].weight.detach()  # [out_features, r]
     return named
-
-
-def lora_scales(peft_model: PeftModel) -> dict[str, float]:
-    """The output scale of each adapted layer, keyed by the base Linear's HF module path."""
-    adapter, layers = _lora_layers(peft_model)
-    return {path: float(layer.scaling[adapter]) for path, layer in layers}

@@ -13,7 +13,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,40 +29,6 @@ SAMPLES_FILE = "samples.jsonl"
 WANDB_RUN_ID_FILE = "wandb_run_id"
 RESERVED = ("step", "time", "stage")
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward")
-# The metrics a training run logs: TRL's names plus the engine's own. "rewards/" stands for one metric per
-# reward component (rewards/<component>); eval/accuracy is logged on evaluation steps only.
-METRIC_NAMES = (
-    "reward",
-    "rewards/",
-    "reward_std",
-    "frac_reward_zero_std",
-    "completions/mean_length",
-    "completions/min_length",
-    "completions/max_length",
-    "completions/clipped_ratio",
-    "kl",
-    "entropy",
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "grad_norm",
-    "lr",
-    "sampling/logp_difference/mean",
-    "sampling/importance_ratio/mean",
-    "rollout/tokens_per_s",
-    "rollout/kv_utilization",
-    "rollout/blocks_shared",
-    "rollout/preemptions",
-    "rollout/prefix_cache_hits",
-    "sync/ms",
-    "time/generate",
-    "time/env",
-    "time/train",
-    "time/sync",
-    "memory/trainer_peak_gb",
-    "memory/engine_gb",
-    "eval/accuracy",
-)
 # progress-bar label: (metric, format)
 PROGRESS_FIELDS = {
     "reward": ("reward", ".3f"),
@@ -243,16 +209,6 @@ class RunLogger:
     def _write(file, record: dict[str, Any]) -> None:
         file.write(json.dumps(record) + "\n")
         file.flush()
-
-
-def missing_metrics(names: Iterable[str]) -> list[str]:
-    """The METRIC_NAMES absent from ``names``; ``rewards/`` is present when any ``rewards/<component>`` is."""
-    names = set(names)
-    return [
-        metric
-        for metric in METRIC_NAMES
-        if not (any(name.startswith(metric) for name in names) if metric.endswith("/") else metric in names)
-    ]
 
 
 def _open_for_append(path: Path):

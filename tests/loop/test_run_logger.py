@@ -10,7 +10,7 @@ import torch
 import wandb
 from wandb.proto import wandb_internal_pb2
 
-from rl.metrics import METRIC_NAMES, RunLogger, SampleRow, missing_metrics
+from rl.metrics import RunLogger, SampleRow
 
 STEPS = {
     1: {
@@ -202,20 +202,6 @@ def test_progress_bar_shows_position_live_reward_tokens_per_second_and_eta(tmp_p
     logger.close()
     assert "3/5" in shown and "reward=0.438" in shown and "tok/s=1234" in shown and "acc=0.500" in shown
     assert "<" in shown  # tqdm's elapsed<remaining (the ETA)
-
-
-def test_missing_metrics_names_what_a_log_lacks():
-    assert len(METRIC_NAMES) == 30 and "rewards/" in METRIC_NAMES and "sync/ms" in METRIC_NAMES
-    everything = [name for name in METRIC_NAMES if name != "rewards/"] + [
-        "rewards/sql_exec",
-        "rewards/format",
-    ]
-    assert missing_metrics(everything) == []
-    assert missing_metrics(set(everything) - {"rewards/sql_exec", "rewards/format", "kl"}) == [
-        "rewards/",
-        "kl",
-    ]
-    assert missing_metrics(["rewards"]) == list(METRIC_NAMES)
 
 
 def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):

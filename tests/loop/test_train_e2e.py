@@ -5,6 +5,7 @@ import json
 import math
 import sys
 import types
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,55 @@ from rl.advantages import compute_advantages
 from rl.checkpoint import find_latest
 from rl.config import register_configs
 from rl.lora import lora_tensors
-from rl.metrics import missing_metrics
 from rl.rollout import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
 from rollout_engine import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
+# The metrics a training run must log: TRL's names plus the engine's own. "rewards/" stands for one metric per
+# reward component (rewards/<component>); eval/accuracy is logged on evaluation steps only.
+METRIC_NAMES = (
+    "reward",
+    "rewards/",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "grad_norm",
+    "lr",
+    "sampling/logp_difference/mean",
+    "sampling/importance_ratio/mean",
+    "rollout/tokens_per_s",
+    "rollout/kv_utilization",
+    "rollout/blocks_shared",
+    "rollout/preemptions",
+    "rollout/prefix_cache_hits",
+    "sync/ms",
+    "time/generate",
+    "time/env",
+    "time/train",
+    "time/sync",
+    "memory/trainer_peak_gb",
+    "memory/engine_gb",
+    "eval/accuracy",
+)
+
+
+def missing_metrics(names: Iterable[str]) -> list[str]:
+    """The METRIC_NAMES absent from ``names``; ``rewards/`` is present when any ``rewards/<component>`` is."""
+    names = set(names)
+    return [
+        metric
+        for metric in METRIC_NAMES
+        if not (any(name.startswith(metric) for name in names) if metric.endswith("/") else metric in names)
+    ]
 
 
 class VowelEnv:
