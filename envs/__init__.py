@@ -4,10 +4,8 @@ from envs.base import (
     Env,
     EnvError,
     Episode,
-    Segment,
     StepResult,
     start_episodes,
-    tokenize_segments,
 )
 from envs.registry import BUILTIN_ENVS, ENTRY_POINT_GROUP, available_envs, make_env
 from envs.rewards import RewardBreakdown, RewardFn, WeightedRewards
@@ -22,12 +20,10 @@ __all__ = [
     "Episode",
     "RewardBreakdown",
     "RewardFn",
-    "Segment",
     "StepResult",
     "WeightedRewards",
     "available_envs",
     "make_env",
     "start_episodes",
     "step_episodes",
-    "tokenize_segments",
 ]

@@ -1,10 +1,10 @@
 """The environment protocol: an Env starts Episodes from task rows, and an Episode answers each action.
 
 An episode's ``messages`` are the first chat turns. The model's reply goes to ``step(action_text)``; the
-returned ``StepResult.observation`` (text, or None) is environment-written, so its tokens must be masked
-out of the loss (``Segment(trainable=False)`` / ``tokenize_segments``). ``envs.stepping.step_episodes``
-steps many episodes at once, each under a time limit, and turns an exception, a hang or a reward that is not
-a finite number inside a plugin's ``step`` into reward 0 plus an error in ``info``, never a crash.
+returned ``StepResult.observation`` (text, or None) is environment-written: the training loop appends its
+tokens to the sample masked out of the loss. ``envs.stepping.step_episodes`` steps many episodes at once,
+each under a time limit, and turns an exception, a hang or a reward that is not a finite number inside a
+plugin's ``step`` into reward 0 plus an error in ``info``, never a crash.
 """
 
 from __future__ import annotations
@@ -58,25 +58,6 @@ class Env(Protocol):
     max_turns: int
 
     def start(self, task: Mapping[str, Any]) -> Episode: ...
-
-
-@dataclass(slots=True)
-class Segment:
-    """A piece of an episode's text. Prompts and observations are not trainable: the loss ignores them."""
-
-    text: str
-    trainable: bool
-
-
-def tokenize_segments(tokenizer: Any, segments: Sequence[Segment]) -> tuple[list[int], list[int]]:
-    """Token ids of the concatenated segments and their loss mask (1 = model-written, 0 = masked)."""
-    ids: list[int] = []
-    mask: list[int] = []
-    for segment in segments:
-        piece = tokenizer.encode(segment.text, add_special_tokens=False)
-        ids.extend(piece)
-        mask.extend([int(segment.trainable)] * len(piece))
-    return ids, mask
 
 
 def plugin_name(obj: object) -> str:

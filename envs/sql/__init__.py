@@ -6,14 +6,13 @@ Task sources live in ``envs.sql.generator`` (built-in tasks) and ``envs.sql.load
 from envs.sql.match import GoldQueryError, execution_match, has_top_level_order_by
 from envs.sql.multi_turn import SqlMultiTurnEnv
 from envs.sql.prompts import extract_sql, render_schema
-from envs.sql.sandbox import QueryResult, SqlExecutor, execute
+from envs.sql.sandbox import QueryResult, execute
 from envs.sql.single_turn import SqlEnv
 
 __all__ = [
     "GoldQueryError",
     "QueryResult",
     "SqlEnv",
-    "SqlExecutor",
     "SqlMultiTurnEnv",
     "execute",
     "execution_match",

@@ -36,8 +36,6 @@ import threading
 import time
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
@@ -264,26 +262,3 @@ def execute(
         return QueryResult(ok=False, error=f"cannot open database {db_path!r}: {exc}")
     with _running_queries:
         return _run(sandbox, sql, timeout_s, max_rows, max_chars)
-
-
-class SqlExecutor:
-    """A thread pool that runs sandboxed queries concurrently without blocking the caller."""
-
-    def __init__(self, num_threads: int = 4) -> None:
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-        self.num_threads = num_threads
-        self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="sql-sandbox")
-
-    def submit(self, db_path: str, sql: str, **limits) -> Future[QueryResult]:
-        """Queue one query; the future resolves to its ``QueryResult``. Bad ``limits`` raise here, at once."""
-        _check_limits(**limits)
-        return self._pool.submit(execute, db_path, sql, **limits)
-
-    def map(self, queries: Iterable[tuple[str, str]], **limits) -> list[QueryResult]:
-        """Run ``(db_path, sql)`` pairs concurrently; results keep the input order."""
-        futures = [self.submit(db_path, sql, **limits) for db_path, sql in queries]
-        return [f.result() for f in futures]
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)

@@ -1,4 +1,4 @@
-"""Finding envs by name, entry point or dotted path; clear errors; crash-proof stepping; rewards and masks."""
+"""Finding envs by name, entry point or dotted path; clear errors; crash-proof stepping; rewards."""
 
 import logging
 import textwrap
@@ -8,14 +8,12 @@ from omegaconf import OmegaConf
 
 from envs import (
     EnvError,
-    Segment,
     StepResult,
     WeightedRewards,
     available_envs,
     make_env,
     start_episodes,
     step_episodes,
-    tokenize_segments,
 )
 from envs.sql import SqlEnv, SqlMultiTurnEnv
 
@@ -116,20 +114,6 @@ def test_weighted_rewards_by_hand():
     assert rewards.zero().components == {"exact": 0.0, "short": 0.0}
     with pytest.raises(TypeError, match="'bad' must be"):
         WeightedRewards({"bad": 1.0})
-
-
-class CharTokenizer:
-    """One token per character: ids are code points."""
-
-    def encode(self, text, add_special_tokens=True):
-        return [ord(c) for c in text]
-
-
-def test_observation_tokens_are_masked():
-    segments = [Segment("ab", True), Segment("<o>", False), Segment("c", True)]
-    ids, mask = tokenize_segments(CharTokenizer(), segments)
-    assert ids == [97, 98, 60, 111, 62, 99]
-    assert mask == [1, 1, 0, 0, 0, 1]
 
 
 def test_step_result_defaults_are_independent():

@@ -7,10 +7,11 @@ import sqlite3
 import threading
 import time
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from envs.sql import QueryResult, SqlExecutor, execute, sandbox
+from envs.sql import QueryResult, execute, sandbox
 
 RUNAWAY_CTE = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 ATTACKS = {
@@ -180,20 +181,17 @@ def test_rebuilt_file_is_reopened(tmp_path):
         assert execute(str(path), "SELECT x FROM t").rows == [(value,)]
 
 
-def test_executor_runs_concurrently_in_input_order(staff_db):
-    queries = [(staff_db, f"SELECT name FROM emp WHERE id = {i % 6 + 1}") for i in range(60)]
-    executor = SqlExecutor(num_threads=4)
-    try:
-        results = executor.map(queries)
-        assert [r.rows for r in results] == [execute(p, q).rows for p, q in queries]
+def test_queries_run_concurrently_on_a_thread_pool(staff_db):
+    queries = [f"SELECT name FROM emp WHERE id = {i % 6 + 1}" for i in range(60)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda sql: execute(staff_db, sql), queries))
+        assert [r.rows for r in results] == [execute(staff_db, q).rows for q in queries]
         # A runaway query on one thread does not hold back a quick one on another.
-        slow = executor.submit(staff_db, RUNAWAY_CTE, timeout_s=2.0)
-        quick = executor.submit(staff_db, "SELECT COUNT(*) FROM dept")
+        slow = pool.submit(execute, staff_db, RUNAWAY_CTE, timeout_s=2.0)
+        quick = pool.submit(execute, staff_db, "SELECT COUNT(*) FROM dept")
         assert quick.result().rows == [(4,)]
         assert not slow.done()
         assert "time limit" in slow.result().error
-    finally:
-        executor.shutdown()
 
 
 def test_threads_hold_their_own_connections(staff_db):
@@ -234,13 +232,10 @@ def test_a_slow_operation_on_every_row_is_stopped_between_rows(staff_db):
 
 @pytest.mark.timeout(120)
 def test_concurrent_slow_queries_each_keep_the_time_limit(staff_db):
-    executor = SqlExecutor(num_threads=8)
-    try:
+    with ThreadPoolExecutor(max_workers=8) as pool:
         start = time.monotonic()
-        results = executor.map([(staff_db, SLOW_ON_EVERY_ROW)] * 8, timeout_s=0.5)
+        results = list(pool.map(lambda _: execute(staff_db, SLOW_ON_EVERY_ROW, timeout_s=0.5), range(8)))
         assert time.monotonic() - start < 3 * 0.5
-    finally:
-        executor.shutdown()
     assert all(not r.ok and "time limit" in r.error for r in results)
 
 
@@ -278,13 +273,13 @@ def test_concurrent_queries_share_a_global_memory_bound(staff_db, monkeypatch):
     monkeypatch.setattr(sandbox, "MAX_RESULT_BYTES", budget)
     # 40 rows of 8 x 32 kB (256 kB) each, 10 MB per query if fetched whole.
     sql = counting_to(40) + "SELECT " + ", ".join(["zeroblob(32000)"] * 8) + " FROM c"
-    executor = SqlExecutor(num_threads=8)
-    try:
-        results, peak = traced_peak(
-            lambda: executor.map([(staff_db, sql)] * 8, max_rows=10_000, max_chars=10**9)
-        )
-    finally:
-        executor.shutdown()
+    limits = {"max_rows": 10_000, "max_chars": 10**9}
+
+    def eight_at_once():
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return [f.result() for f in [pool.submit(execute, staff_db, sql, **limits) for _ in range(8)]]
+
+    results, peak = traced_peak(eight_at_once)
     assert all(r.ok and r.truncated and 0 < len(r.rows) < 40 for r in results)
     assert peak < sandbox.MAX_RUNNING_QUERIES * 2 * budget
 
@@ -306,12 +301,6 @@ def test_concurrent_queries_share_a_global_memory_bound(staff_db, monkeypatch):
 def test_bad_limits_are_refused_at_once(staff_db, limits, name):
     with pytest.raises(ValueError, match=f"{name} must be"):
         execute(staff_db, "SELECT note FROM big", **limits)
-    executor = SqlExecutor(num_threads=1)
-    try:
-        with pytest.raises(ValueError, match=f"{name} must be"):
-            executor.submit(staff_db, "SELECT note FROM big", **limits)
-    finally:
-        executor.shutdown()
 
 
 @pytest.mark.parametrize(
