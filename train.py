@@ -203,7 +203,7 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
             outcomes = [(task, sum(map(succeeded, g)), len(g)) for task, g in zip(tasks, played, strict=True)]
             stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
         if cfg.algo.dynamic_sampling and played:
-            keep = filter_zero_std_groups(group_rewards(played)).keep.tolist()
+            keep = filter_zero_std_groups(group_rewards(played)).tolist()
             kept += [group for group, differs in zip(played, keep, strict=True) if differs]
         else:
             kept += played

@@ -20,17 +20,6 @@ class RewardStats:
     frac_reward_zero_std: float
 
 
-@dataclass(slots=True)
-class GroupFilter:
-    """DAPO dynamic sampling: `keep` [num_prompts] marks groups whose rewards differ.
-
-    The training loop decides how to refill the dropped groups.
-    """
-
-    keep: torch.Tensor
-    num_dropped: int
-
-
 def _check_rewards(rewards: torch.Tensor, min_group_size: int) -> None:
     if rewards.dim() != 2:
         raise ValueError(
@@ -88,8 +77,8 @@ def reward_stats(rewards: torch.Tensor) -> RewardStats:
     )
 
 
-def filter_zero_std_groups(rewards: torch.Tensor) -> GroupFilter:
-    """DAPO dynamic sampling: keep groups whose rewards differ; equal rewards give zero advantage."""
+def filter_zero_std_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """DAPO dynamic sampling: the keep mask [num_prompts] of groups whose rewards differ (equal rewards give
+    zero advantage). The training loop decides how to refill the dropped groups."""
     _check_rewards(rewards, min_group_size=1)
-    keep = ~_zero_std_groups(rewards)
-    return GroupFilter(keep=keep, num_dropped=int((~keep).sum().item()))
+    return ~_zero_std_groups(rewards)
