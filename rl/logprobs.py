@@ -10,6 +10,11 @@ from kernels.cpu_threads import adapt_cpu_threads
 from rl.lora_fused import fused_lora
 
 
+def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DistributedDataParallel wrapper (the peft model), or the model itself."""
+    return getattr(model, "module", model)
+
+
 @dataclass(slots=True)
 class TokenLogprobs:
     logprobs: torch.Tensor  # [B, T], 0 at position 0
@@ -81,7 +86,7 @@ def _prefix_cache(model: torch.nn.Module, prefix_ids: torch.Tensor, num_rows: in
     Runs the inner module of a DistributedDataParallel wrapper: DDP's forward must run once per backward,
     and its gradient hooks fire for the prefix's contribution all the same.
     """
-    inner = getattr(model, "module", model)
+    inner = unwrap_ddp(model)
     positions = torch.arange(prefix_ids.size(1), device=prefix_ids.device)[None]
     out = inner(input_ids=prefix_ids, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache = out.cache

