@@ -27,8 +27,9 @@ import hydra
 import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedTokenizerBase
 
-from envs import EnvError, make_env, start_episodes, step_episodes
+from envs import Env, EnvError, make_env, start_episodes, step_episodes
 from envs.tasks import task_splits
 from rl import distributed as dp
 from rl.advantages import compute_advantages, filter_zero_std_groups
@@ -62,12 +63,12 @@ DYNAMIC_SAMPLING_ROUNDS = 4
 @dataclass
 class Parts:
     model: torch.nn.Module
-    tokenizer: object
-    engine: object
-    sync: object
-    env: object
-    train_tasks: object
-    test_tasks: object
+    tokenizer: PreTrainedTokenizerBase
+    engine: LLMEngine | RemoteEngine
+    sync: InProcessSync | DistributedSync
+    env: Env
+    train_tasks: Dataset
+    test_tasks: Dataset
     train_model: torch.nn.Module  # what train_step runs: the model, wrapped in DDP under torchrun
     dist: dp.DistInfo = dp.SINGLE_PROCESS
 
