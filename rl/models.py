@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +28,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from envs.cache import cache_dir
 from rollout_engine.models import SUPPORTED_MODEL_TYPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -141,8 +141,7 @@ def find_smollm2_gguf() -> Path:
 def smollm2_checkpoint_dir() -> Path:
     """A safetensors copy of the de-quantized GGUF, made once per GGUF file and reused."""
     gguf = find_smollm2_gguf()
-    cache_root = Path(os.environ.get("PAGEDRL_CACHE", Path.home() / ".cache" / "pagedrl"))
-    target = cache_root / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    target = cache_dir(f"smollm2-135m-instruct-{gguf.stat().st_size}")
     if not (target / "config.json").exists():
         _convert_gguf(gguf, target)
     return target

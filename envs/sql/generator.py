@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from datasets import Dataset, DatasetDict
 
+from envs.cache import cache_dir
 from envs.sql.datagen import TableData, domain_rows, write_database
 from envs.sql.domains import DOMAINS, TEST_DOMAINS, Domain
 from envs.sql.families import (
@@ -23,7 +24,6 @@ from envs.sql.join_families import join2_family, join3_family, nested_family, se
 from envs.sql.prompts import render_schema
 from envs.sql.sandbox import execute
 
-DEFAULT_DB_DIR = os.path.join(os.path.expanduser("~"), ".cache", "pagedrl", "sql_tasks")
 DIFFICULTIES = ("easy", "medium", "hard")
 # Family -> (draw function, tasks per database). Easy ones get the largest quotas: signal for small models.
 FAMILIES: dict[str, tuple[Callable[[random.Random, dict[str, TableData]], Candidate | None], int]] = {
@@ -98,7 +98,8 @@ def generate_sql_tasks(
 ) -> DatasetDict:
     """Train/test text-to-SQL tasks; test databases never appear in train. Deterministic for ``seed``.
 
-    The SQLite files are written under ``db_dir`` (default ``~/.cache/pagedrl/sql_tasks``) once and reused.
+    The SQLite files are written under ``db_dir`` (default ``sql_tasks/`` in the cache, ``$PAGEDRL_CACHE``
+    or ``~/.cache/pagedrl``) once and reused.
     ``scale`` multiplies every family's quota; ``difficulties`` keeps only those labels.
     """
     known = {d.db_id for d in DOMAINS}
@@ -108,7 +109,7 @@ def generate_sql_tasks(
     bad = sorted(set(difficulties) - set(DIFFICULTIES))
     if bad:
         raise ValueError(f"unknown difficulties {bad}; choose from {list(DIFFICULTIES)}")
-    db_dir = db_dir or DEFAULT_DB_DIR
+    db_dir = db_dir or str(cache_dir("sql_tasks"))
     splits: dict[str, list[dict]] = {"train": [], "test": []}
     for domain in DOMAINS:
         tables = domain_rows(domain, seed)

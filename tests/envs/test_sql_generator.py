@@ -115,3 +115,9 @@ def test_difficulty_filter_and_bad_arguments(tmp_path):
         generate_sql_tasks(db_dir=str(tmp_path), test_domains=("atlantis",))
     with pytest.raises(ValueError, match="unknown difficulties"):
         generate_sql_tasks(db_dir=str(tmp_path), difficulties=("trivial",))
+
+
+def test_databases_default_to_the_project_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGEDRL_CACHE", str(tmp_path))
+    tasks = generate_sql_tasks(seed=0, scale=0.05)
+    assert {os.path.dirname(p) for p in tasks["train"]["db_path"]} == {str(tmp_path / "sql_tasks")}
