@@ -309,8 +309,10 @@ class LLMEngine:
         )[0]
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached block (call after each weight update)."""
+        """Forget every cached block (call after each weight update); on the CPU the memory of every free
+        block goes back to the system."""
         self.block_manager.reset_prefix_cache()
+        self.runner.release_blocks(self.block_manager.free_block_ids)
 
     # LoRA hot sync
 

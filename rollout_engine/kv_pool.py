@@ -5,7 +5,8 @@ virtual memory: the reservation (sized from memory_fraction) takes address space
 zero-filled page the first time it is written, so never-written blocks read as zeros (attention may read a
 padded slot and weight it by 0, where garbage could be NaN) and the process grows with the blocks the engine
 has written. The block manager hands out the most recently freed block first, so the written blocks stay the
-high-water mark of blocks in use (including the prefix cache's).
+high-water mark of blocks in use (including the prefix cache's), and `release_blocks` gives the memory of
+free blocks back (the engine does so whenever its prefix cache is reset, after each weight update).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import mmap
 import os
 import sys
+from collections.abc import Iterable
 
 import torch
 
@@ -74,3 +76,36 @@ def resident_bytes(pool: torch.Tensor) -> int:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mincore could not read the KV pool's pages: {os.strerror(errno)}")
     return min(nbytes, (num_pages - pages.count(0)) * page)
+
+
+def _runs(block_ids: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted [start, end) runs of consecutive block ids."""
+    runs: list[tuple[int, int]] = []
+    for block_id in sorted(block_ids):
+        if runs and runs[-1][1] == block_id:
+            runs[-1] = (runs[-1][0], block_id + 1)
+        else:
+            runs.append((block_id, block_id + 1))
+    return runs
+
+
+def release_blocks(pool: torch.Tensor, block_ids: Iterable[int]) -> None:
+    """Give the memory of these (free) blocks back to the system: on a Linux CPU, every page of the pool that
+    lies wholly inside them is dropped and reads as zeros again; a page shared with another block is kept.
+    Elsewhere nothing happens."""
+    if not commits_on_write(pool.device) or sys.platform != "linux":
+        return
+    num_slabs = pool.shape[0] * pool.shape[1]  # one slab per layer and K / V: [num_blocks, block_size, ...]
+    num_blocks = pool.shape[2]
+    block_bytes = pool[0, 0, 0].numel() * pool.element_size()
+    page = mmap.PAGESIZE
+    for first, end in _runs(block_ids):
+        for slab in range(num_slabs):
+            start = pool.data_ptr() + (slab * num_blocks + first) * block_bytes
+            stop = start + (end - first) * block_bytes
+            start, stop = -(-start // page) * page, stop // page * page
+            if stop > start and _libc().madvise(
+                ctypes.c_void_p(start), ctypes.c_size_t(stop - start), mmap.MADV_DONTNEED
+            ):
+                errno = ctypes.get_errno()
+                raise OSError(errno, f"madvise could not release KV pool pages: {os.strerror(errno)}")

@@ -8,7 +8,7 @@ import torch
 
 from rollout_engine.block_manager import CopyPair
 from rollout_engine.cuda_graphs import DecodeGraphs
-from rollout_engine.kv_pool import allocate_kv_pool, resident_bytes
+from rollout_engine.kv_pool import allocate_kv_pool, release_blocks, resident_bytes
 from rollout_engine.lora import LoraTokens
 from rollout_engine.models import AttentionMetadata, PagedDecoder
 from rollout_engine.scheduler import ScheduledSeq
@@ -59,6 +59,10 @@ class ModelRunner:
     def kv_bytes_resident(self) -> int:
         """Bytes of the pool held in memory now (on the CPU, the pages written so far)."""
         return resident_bytes(self.kv_pool)
+
+    def release_blocks(self, block_ids: list[int]) -> None:
+        """Give the memory of free blocks back to the system (a CPU pool; see kv_pool.py)."""
+        release_blocks(self.kv_pool, block_ids)
 
     def copy_blocks(self, copies: list[CopyPair]) -> None:
         """Copy-on-write: KV rows of each src block go to its dst block, in every layer."""

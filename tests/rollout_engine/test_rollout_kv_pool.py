@@ -10,10 +10,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import make_engine, make_tiny_model, random_prompts  # noqa: E402
+from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
 from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.kv_pool import allocate_kv_pool, resident_bytes  # noqa: E402
+from rollout_engine.kv_pool import allocate_kv_pool, release_blocks, resident_bytes  # noqa: E402
 
 CPU = torch.device("cpu")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="resident pages are counted with mincore")
@@ -55,6 +55,26 @@ def test_resident_bytes_are_the_pages_written():
     assert resident_bytes(pool) == len(expected) * mmap.PAGESIZE
 
 
+@linux_only
+def test_released_blocks_give_back_the_pages_wholly_inside_them_and_read_zero():
+    # 512-byte blocks, 8 to a page: blocks 0-9 free a page only where all 8 of its blocks are released
+    pool = allocate_kv_pool(2, 64, 4, 2, 16, torch.float32, CPU)
+    pool.fill_(1.0)
+    released = [*range(10), 17, 30, 31, *range(40, 56)]
+    release_blocks(pool, released)
+    dropped = set()
+    for slab in pool.flatten(0, 1):  # [num_blocks, ...] of one layer's K or V
+        whole = set().union(*(pages_under(slab[b]) for b in released))
+        shared = set().union(*(pages_under(slab[b]) for b in range(64) if b not in released))
+        dropped |= whole - shared
+    assert len(dropped) == 4 * 3  # per slab: the pages of blocks 0-7, 40-47 and 48-55
+    assert resident_bytes(pool) == pool.numel() * 4 - len(dropped) * mmap.PAGESIZE
+    kept = [b for b in range(64) if b not in released]
+    assert torch.all(pool[:, :, kept] == 1.0)  # blocks in use keep every value
+    assert pool[:, :, [0, 7, 40, 55]].abs().max().item() == 0.0
+    assert torch.all(pool[:, :, [8, 9, 17, 30, 31]] == 1.0)  # their pages hold blocks in use too
+
+
 def test_a_pool_reads_zero_where_never_written_and_outlives_its_name():
     pool = allocate_kv_pool(2, 8, 4, 2, 16, torch.float32, CPU)
     layer_v = pool[1, 1]
@@ -66,37 +86,64 @@ def test_a_pool_reads_zero_where_never_written_and_outlives_its_name():
 
 
 @linux_only
-def test_engine_holds_the_blocks_it_handed_out_and_reuses_them_after_a_reset(monkeypatch):
+def test_engine_holds_the_blocks_it_handed_out_and_gives_them_back_at_a_reset(monkeypatch):
     # 32-token blocks: one layer's K (or V) of a block is 32 x 2 heads x 16 dims x 4 bytes, one page
     engine = make_engine(make_tiny_model("llama"), block_size=32, memory_budget_bytes=2**30)
-    handed_out: set[int] = set()
+    handed_out: list[set[int]] = []  # the blocks each generate call took
     take = engine.block_manager._take_free_block
 
     def recording_take() -> int:
         block_id = take()
-        handed_out.add(block_id)
+        handed_out[-1].add(block_id)
         return block_id
 
     monkeypatch.setattr(engine.block_manager, "_take_free_block", recording_take)
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=30, seed=0)
+
+    def generate(num_prompts: int, seed: int) -> int:
+        handed_out.append(set())
+        engine.generate(random_prompts([40] * num_prompts, seed=seed), params)
+        return engine.stats()["kv_bytes_resident"]
+
     stats = engine.stats()
     per_block, reserved = stats["kv_bytes_per_block"], stats["kv_bytes_total"]
     assert stats["kv_bytes_resident"] == 0 and per_block == 2 * 2 * 4096
-    params = SamplingParams(n=4, temperature=1.0, max_tokens=30, seed=0)
-    resident = []
-    for num_prompts, seed in [(2, 0), (6, 1)]:
-        engine.generate(random_prompts([40] * num_prompts, seed=seed), params)
-        resident.append(engine.stats()["kv_bytes_resident"])
-        assert resident[-1] == len(handed_out) * per_block
-    assert 0 < resident[0] < resident[1] < reserved / 100
-    # after a weight update the cached blocks go back to the free list, and the same load reuses them
+    small = generate(2, seed=0)
+    assert small == len(handed_out[0]) * per_block > 0
+    large = generate(6, seed=1)  # the first call's blocks stay cached, so these are new ones
+    assert large == len(handed_out[0] | handed_out[1]) * per_block
+    assert small < large < reserved / 100
+    # after a weight update the old blocks' memory goes back, and the same load reuses the same blocks
     engine.reset_prefix_cache()
-    engine.generate(random_prompts([40] * 6, seed=2), params)
-    assert engine.stats()["kv_bytes_resident"] == resident[1]
+    assert engine.stats()["kv_bytes_resident"] == 0
+    again = generate(6, seed=2)
+    assert handed_out[2] <= handed_out[0] | handed_out[1] and len(handed_out[2]) == len(handed_out[1])
+    assert again == len(handed_out[2]) * per_block
     pool = engine.runner.kv_pool
-    untouched = torch.ones(pool.shape[2], dtype=torch.bool)
-    untouched[sorted(handed_out)] = False
-    assert pool[:, :, untouched].abs().max().item() == 0.0
-    assert all(pool[:, :, block_id].abs().max().item() > 0 for block_id in handed_out)
+    in_use = torch.zeros(pool.shape[2], dtype=torch.bool)
+    in_use[sorted(handed_out[2])] = True
+    assert pool[:, :, ~in_use].abs().max().item() == 0.0  # never written, or released
+    assert all(pool[:, :, block_id].abs().max().item() > 0 for block_id in handed_out[2])
+
+
+@linux_only
+def test_a_reset_while_a_request_runs_keeps_its_kv_and_releases_the_rest():
+    model = make_tiny_model("llama")
+    engine = make_engine(model, memory_budget_bytes=2**30)  # 4-token blocks of 512 bytes, 8 to a page
+    short, running = random_prompts([100, 20], seed=3)
+    engine.add_request(short, SamplingParams(temperature=0.0, max_tokens=1))
+    running_id = engine.add_request(running, SamplingParams(temperature=0.0, max_tokens=40))
+    results = {}
+    while engine.has_unfinished():
+        for group in engine.step():
+            results[group.request_id] = group
+        if len(results) == 1 and engine.stats()["num_blocks_used"] > 0 and "released" not in results:
+            before = engine.stats()["kv_bytes_resident"]
+            engine.reset_prefix_cache()  # the short request's cached blocks are released mid-run
+            assert engine.stats()["kv_bytes_resident"] < before
+            results["released"] = True
+    assert "released" in results
+    assert results[running_id].samples[0].token_ids == hf_greedy(model, running, 40)
 
 
 @pytest.mark.gpu
