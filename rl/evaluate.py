@@ -84,7 +84,9 @@ def evaluate(
     max_completion_tokens: int,
     labels: Sequence[str] = ("family", "difficulty", "db_id"),
 ) -> EvalResult:
-    """Play each task once with `greedy_params` (temperature 0, n=1) and score it."""
+    """Play each task once with `greedy_params` (temperature 0, n=1) and score it. The engine's prefix cache
+    is dropped afterwards: training never samples the held-out prompts, and an in-process engine gives the
+    memory of their KV blocks back to the trainer's next step."""
     episodes = start_fn(env, tasks)
     trajectories = play_groups(
         engine,
@@ -95,6 +97,9 @@ def evaluate(
         max_completion_tokens,
         response_prefix=getattr(env, "response_prefix", ""),
     )
+    drop_prefix_cache = getattr(engine, "reset_prefix_cache", None)  # a remote engine keeps its own
+    if drop_prefix_cache is not None:
+        drop_prefix_cache()
     flat = [group[0] for group in trajectories]
     wins = [succeeded(t) for t in flat]
     by_label: dict[str, dict[str, tuple[float, int]]] = {}

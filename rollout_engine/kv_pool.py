@@ -98,14 +98,21 @@ def release_blocks(pool: torch.Tensor, block_ids: Iterable[int]) -> None:
     num_slabs = pool.shape[0] * pool.shape[1]  # one slab per layer and K / V: [num_blocks, block_size, ...]
     num_blocks = pool.shape[2]
     block_bytes = pool[0, 0, 0].numel() * pool.element_size()
-    page = mmap.PAGESIZE
-    for first, end in _runs(block_ids):
-        for slab in range(num_slabs):
+    runs = _runs(block_ids)
+    ranges: list[list[int]] = []  # byte ranges in address order, merged across slab boundaries
+    for slab in range(num_slabs):
+        for first, end in runs:
             start = pool.data_ptr() + (slab * num_blocks + first) * block_bytes
             stop = start + (end - first) * block_bytes
-            start, stop = -(-start // page) * page, stop // page * page
-            if stop > start and _libc().madvise(
-                ctypes.c_void_p(start), ctypes.c_size_t(stop - start), mmap.MADV_DONTNEED
-            ):
-                errno = ctypes.get_errno()
-                raise OSError(errno, f"madvise could not release KV pool pages: {os.strerror(errno)}")
+            if ranges and ranges[-1][1] == start:
+                ranges[-1][1] = stop
+            else:
+                ranges.append([start, stop])
+    page = mmap.PAGESIZE
+    for start, stop in ranges:
+        start, stop = -(-start // page) * page, stop // page * page
+        if stop > start and _libc().madvise(
+            ctypes.c_void_p(start), ctypes.c_size_t(stop - start), mmap.MADV_DONTNEED
+        ):
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"madvise could not release KV pool pages: {os.strerror(errno)}")

@@ -75,6 +75,14 @@ def test_released_blocks_give_back_the_pages_wholly_inside_them_and_read_zero():
     assert torch.all(pool[:, :, [8, 9, 17, 30, 31]] == 1.0)  # their pages hold blocks in use too
 
 
+@linux_only
+def test_releasing_every_block_frees_the_pages_across_slab_boundaries_too():
+    pool = allocate_kv_pool(2, 12, 4, 2, 16, torch.float32, CPU)  # 6 KiB slabs: pages straddle them
+    pool.fill_(1.0)
+    release_blocks(pool, iter(range(12)))
+    assert resident_bytes(pool) == 0 and pool.abs().max().item() == 0.0
+
+
 def test_a_pool_reads_zero_where_never_written_and_outlives_its_name():
     pool = allocate_kv_pool(2, 8, 4, 2, 16, torch.float32, CPU)
     layer_v = pool[1, 1]
