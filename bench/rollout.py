@@ -9,6 +9,14 @@ matmul roofline the engine reaches. Ends with one JSON line.
     python bench/rollout.py                       # the full workload (a few minutes on 2 cores)
     python bench/rollout.py --num-prompts 4 --max-tokens 32 --profile
     python bench/rollout.py --random-weights      # no SmolLM2 file (e.g. the GPU machine): see below
+    python bench/rollout.py --lora --num-prompts 4 --group-size 8 --max-tokens 25 --prompt-tokens 220
+                                                  # the training job's rollout shape, with its LoRA adapter
+
+--lora wraps the model in a rank-16 peft adapter on all 7 projections with random non-zero B (peft starts B at
+zero); every run then samples with it, and the same engine also runs the workload without it (lora=None
+requests), each to exactly max_tokens from an empty prefix cache, best of --repeats. The LoRA share of
+engine time is 1 - t_base / t_lora, from wall time and from process CPU time (robust to a busy machine at
+--threads 1).
 
 With --random-weights the model is a seeded random SmolLM2-shaped Llama and the prompts are random token ids
 of the chat prompts' lengths; no EOS exists, so both sides generate exactly max_tokens per sample (the same
@@ -26,6 +34,7 @@ from decode_graphs import SHAPES
 from json_line import emit
 from transformers import AutoModelForCausalLM
 
+from rl.lora import add_lora, lora_tensors
 from rl.models import load_model
 from rollout_engine import LLMEngine, SamplingParams
 
@@ -73,6 +82,48 @@ def random_model_and_prompts(num_prompts: int, seed: int) -> tuple[torch.nn.Modu
     lengths = [30 + len(TASKS[i % len(TASKS)]) // 4 for i in range(num_prompts)]  # template + ~4 chars/token
     gen = torch.Generator().manual_seed(seed)
     return model, [torch.randint(1, config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+def pad_prompts(prompts: list[list[int]], num_tokens: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """Each prompt led by random token ids up to num_tokens in all (the training job's prompts are ~220)."""
+    gen = torch.Generator().manual_seed(seed)
+    pads = [torch.randint(1, vocab_size, (max(0, num_tokens - len(p)),), generator=gen) for p in prompts]
+    return [pad.tolist() + p for pad, p in zip(pads, prompts, strict=True)]
+
+
+def with_lora(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The model wrapped in peft LoRA (rank 16, all 7 projections) with random non-zero B."""
+    peft_model = add_lora(model, rank=16, alpha=32.0, target_modules="all")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in lora_tensors(peft_model).items():
+            if name.endswith("lora_B"):
+                tensor.copy_(torch.randn(tensor.shape, generator=gen) * 0.02)
+    return peft_model.eval()
+
+
+def lora_share(engine: LLMEngine, prompts, args) -> dict[str, float]:
+    """Best-of-repeats wall and CPU seconds of the workload with the adapter and without; the LoRA share."""
+    best = {lora: [float("inf"), float("inf")] for lora in ("policy", None)}
+    for _ in range(args.repeats):
+        for lora, times in best.items():
+            params = SamplingParams(
+                n=args.group_size, max_tokens=args.max_tokens, seed=args.seed, stop_token_ids=[], lora=lora
+            )
+            engine.reset_prefix_cache()
+            wall, cpu = time.perf_counter(), time.process_time()
+            engine.generate(prompts, params)
+            times[0] = min(times[0], time.perf_counter() - wall)
+            times[1] = min(times[1], time.process_time() - cpu)
+    (lora_s, lora_cpu_s), (base_s, base_cpu_s) = best["policy"], best[None]
+    return {
+        "lora_engine_s": lora_s,
+        "base_engine_s": base_s,
+        "lora_share": 1 - base_s / lora_s,
+        "lora_engine_cpu_s": lora_cpu_s,
+        "base_engine_cpu_s": base_cpu_s,
+        "lora_share_cpu": 1 - base_cpu_s / lora_cpu_s,
+    }
 
 
 def useful_length(row: list[int], eos: int | None) -> int:
@@ -177,6 +228,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="print the engine's top ops (torch.profiler)")
     parser.add_argument("--random-weights", action="store_true", help="random SmolLM2-shaped model, no files")
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="pad prompts with random tokens to this")
+    parser.add_argument("--lora", action="store_true", help="rank-16 LoRA adapter; time its share")
+    parser.add_argument("--repeats", type=int, default=3, help="best-of runs of each --lora arm")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.random_weights:
@@ -185,7 +239,11 @@ def main() -> None:
     else:
         model, tokenizer = load_model("smollm2_135m")
         prompts, eos, stop = chat_prompts(tokenizer, args.num_prompts), tokenizer.eos_token_id, None
-    engine = LLMEngine(model, tokenizer, memory_budget_bytes=int(args.kv_budget_gib * 2**30))
+    if args.prompt_tokens:
+        prompts = pad_prompts(prompts, args.prompt_tokens, model.config.vocab_size, args.seed)
+    # peft injects its layers into `model` in place: generate and the FLOP counts below see the adapter too
+    served = with_lora(model, args.seed) if args.lora else model
+    engine = LLMEngine(served, tokenizer, memory_budget_bytes=int(args.kv_budget_gib * 2**30))
     load = os.getloadavg()[0]
 
     run_engine(engine, prompts[:2], 2, 4, args.seed, stop)  # warm-up
@@ -229,6 +287,8 @@ def main() -> None:
         "load_avg_1min_end": os.getloadavg()[0],
         "device": str(weight.device),
         "weights": "random" if args.random_weights else "smollm2_135m",
+        "lora": args.lora,
+        "prompt_tokens": args.prompt_tokens,
     }
     print(f"{'':24}{'engine':>12}{'transformers':>14}")
     print(f"{'useful tokens':24}{engine_tokens:>12}{hf_tokens:>14}")
@@ -253,6 +313,14 @@ def main() -> None:
     )
     end_load = figures["load_avg_1min_end"]
     print(f"threads {args.threads}, load average {load:.2f} at start, {end_load:.2f} at end")
+    if args.lora:
+        figures.update(lora_share(engine, prompts, args))
+        print(
+            f"LoRA share of engine time: {figures['lora_share']:.1%} wall "
+            f"({figures['base_engine_s']:.2f} s base, {figures['lora_engine_s']:.2f} s LoRA), "
+            f"{figures['lora_share_cpu']:.1%} CPU time ({figures['base_engine_cpu_s']:.2f} s, "
+            f"{figures['lora_engine_cpu_s']:.2f} s); best of {args.repeats}, to max_tokens"
+        )
     if args.profile:
         profile_engine(engine, prompts, args, stop)
     emit("rollout", figures)
