@@ -3,6 +3,14 @@
 shrink: h = scale * (x A^T)    x [num_tokens, in], A [r, in] -> h [num_tokens, r]
 expand: y += (h B^T) * mask    h [num_tokens, r], B [out, r], y [num_tokens, out], mask [num_tokens, 1]
 
+shrink_expand: one shrink for the projections that read one x (q/k/v, gate/up), then an expand into each
+    x [num_tokens, in], A [num * r, in] (their A stacked by rows), B_i [out_i, r], y_i [num_tokens, out_i]
+    y_i += scale * (x A^T)[:, i r:(i + 1) r] B_i^T * mask
+On the CPU it runs on transposed copies of the weights with the scale folded into B^T (StackedLora): MKL
+multiplies those untransposed operands about 1.5x faster than transposed views, and small-batch decode pays
+per op, so one matmul shrinks for the whole group, the mask multiplies the small h, and each projection gets
+one in-place addmm with no [num_tokens, out] temporary.
+
 Both accumulate in fp32; h is stored in x's dtype, and y gets one rounding of y + delta, so the delta is never
 materialised as a [num_tokens, out] tensor on the Triton path. The mask is the per-token 0/1 choice of a batch
 that mixes requests with and without the adapter. When a few token tiles would leave most SMs idle (decode),
@@ -16,15 +24,61 @@ per-token `adapter_indices` [num_tokens] argument after the weights, stack A as 
 """
 
 import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import HAS_TRITON, check_triton_device, dot_precision, use_triton
+from kernels.backend import HAS_TRITON, check_triton_device, dot_precision, get_backend, use_triton
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+
+@dataclass(slots=True)
+class StackedLora:
+    """The LoRA weights of projections that read one input, with one rank r and one scale.
+
+    a [num * r, in] stacks their A by rows and b holds each B [out, r]: the layout weights are synced in,
+    read by the Triton kernels and the reference. On the CPU, a_t = A^T [in, num * r] and
+    b_t[i] = scale * B_i^T [r, out] are transposed copies for MKL; `refresh` re-derives them after a and b
+    are written."""
+
+    a: torch.Tensor
+    b: tuple[torch.Tensor, ...]
+    scale: float
+    a_t: torch.Tensor | None = field(init=False, default=None)
+    b_t: tuple[torch.Tensor, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        rank = self.b[0].shape[1] if self.b and self.b[0].dim() == 2 else 0
+        shapes_ok = self.a.dim() == 2 and self.a.shape[0] == len(self.b) * rank > 0
+        if not shapes_ok or any(b.dim() != 2 or b.shape[1] != rank for b in self.b):
+            raise ValueError(
+                f"StackedLora needs B [out, r] of one rank r and A [num * r, in] stacking num A [r, in]; "
+                f"got A {tuple(self.a.shape)} and B {[tuple(b.shape) for b in self.b]}"
+            )
+        if any(b.dtype != self.a.dtype or b.device != self.a.device for b in self.b):
+            raise ValueError("StackedLora needs A and every B of one dtype on one device")
+        if self.a.device.type == "cpu":
+            self.a_t = self.a.new_empty(self.a.shape[::-1])
+            self.b_t = tuple(b.new_empty(b.shape[::-1]) for b in self.b)
+            self.refresh()
+
+    @property
+    def rank(self) -> int:
+        return self.b[0].shape[1]
+
+    def refresh(self) -> None:
+        """Re-derive the CPU's transposed copies from a and b."""
+        if self.a_t is None:
+            return
+        with torch.no_grad():
+            self.a_t.copy_(self.a.t())
+            for b_t, b in zip(self.b_t, self.b, strict=True):
+                torch.mul(b.t(), self.scale, out=b_t)
 
 
 def lora_shrink_torch(x: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:
@@ -40,6 +94,28 @@ def lora_expand_torch(
     if mask is not None:
         delta = delta * mask
     return y.add_(delta)
+
+
+def lora_shrink_expand_torch(
+    x: torch.Tensor, weights: StackedLora, ys: Sequence[torch.Tensor], mask: torch.Tensor | None
+) -> None:
+    """Reference: the shrink reference over the stacked A, then the expand reference per projection."""
+    h = lora_shrink_torch(x, weights.a, weights.scale)  # [num_tokens, num * r]
+    for y, b, h_i in zip(ys, weights.b, h.split(weights.rank, dim=1), strict=True):
+        lora_expand_torch(h_i, b, y, mask)
+
+
+def lora_shrink_expand_cpu(
+    x: torch.Tensor, weights: StackedLora, ys: Sequence[torch.Tensor], mask: torch.Tensor | None
+) -> None:
+    """CPU launcher of lora_shrink_expand, MKL on the transposed copies: h = (x A^T) * mask once, then
+    ys[i] += h_i (scale B_i^T) in place."""
+    h = torch.mm(x, weights.a_t)  # [num_tokens, num * r]
+    if mask is not None:
+        h.mul_(mask)
+    rank = weights.rank
+    for i, (y, b_t) in enumerate(zip(ys, weights.b_t, strict=True)):
+        y.addmm_(h[:, i * rank : (i + 1) * rank], b_t)
 
 
 if HAS_TRITON:
@@ -250,7 +326,9 @@ def lora_expand_triton(
 ) -> torch.Tensor:
     """Triton launcher of lora_expand: program (token tile, output tile) adds its delta into y in place."""
     check_triton_device(h)
-    h, b = h.contiguous(), b.contiguous()
+    if h.stride(1) != 1:  # strided rows are fine: shrink_expand passes each projection's columns of one h
+        h = h.contiguous()
+    b = b.contiguous()
     num_tokens, out_features = y.shape
     if num_tokens == 0:
         return y
@@ -276,6 +354,16 @@ def lora_expand_triton(
         num_warps=expand_num_warps(y.dtype),
     )
     return y
+
+
+def lora_shrink_expand_triton(
+    x: torch.Tensor, weights: StackedLora, ys: Sequence[torch.Tensor], mask: torch.Tensor | None
+) -> None:
+    """Triton launcher of lora_shrink_expand: the shrink kernel over the stacked A, then the expand kernel
+    per projection on its rank columns of h."""
+    h = lora_shrink_triton(x, weights.a, weights.scale)  # [num_tokens, num * r]
+    for y, b, h_i in zip(ys, weights.b, h.split(weights.rank, dim=1), strict=True):
+        lora_expand_triton(h_i, b, y, mask)
 
 
 def _check_shrink(x: torch.Tensor, a: torch.Tensor) -> None:
@@ -331,3 +419,45 @@ def lora_expand(
     if use_triton(h):
         return lora_expand_triton(h, b, y, mask)
     return lora_expand_torch(h, b, y, mask)
+
+
+def _check_shrink_expand(
+    x: torch.Tensor, weights: StackedLora, ys: Sequence[torch.Tensor], mask: torch.Tensor | None
+) -> None:
+    # Once per group and layer in every step: the weights were checked when stacked, so only the inputs are.
+    a = weights.a
+    num_tokens = x.shape[0] if x.dim() == 2 else -1
+    shapes_ok = num_tokens >= 0 and x.shape[1] == a.shape[1] and len(ys) == len(weights.b)
+    if not shapes_ok or any(
+        y.shape != (num_tokens, b.shape[0]) or y.stride(1) != 1 for y, b in zip(ys, weights.b, strict=True)
+    ):
+        raise ValueError(
+            f"lora_shrink_expand needs x [num_tokens, {a.shape[1]}] and one y [num_tokens, out] with "
+            f"contiguous rows per B [out, r] {[tuple(b.shape) for b in weights.b]}; got x {tuple(x.shape)} "
+            f"and y {[tuple(y.shape) for y in ys]} (strides {[y.stride() for y in ys]})"
+        )
+    if x.dtype != a.dtype or x.device != a.device or any(y.dtype != a.dtype for y in ys):
+        raise ValueError(
+            f"lora_shrink_expand needs x and every y in the adapter's dtype on its device, {a.dtype} on "
+            f"{a.device}; got x {x.dtype} on {x.device} and y {[y.dtype for y in ys]}"
+        )
+    if mask is not None and (mask.shape != (num_tokens, 1) or mask.device != a.device):
+        raise ValueError(
+            f"lora_shrink_expand's mask must be [num_tokens, 1] = [{num_tokens}, 1] on {a.device} (1 = uses "
+            f"the adapter, 0 = base model) or None; got {tuple(mask.shape)} on {mask.device}"
+        )
+
+
+def lora_shrink_expand(
+    x: torch.Tensor, weights: StackedLora, ys: Sequence[torch.Tensor], mask: torch.Tensor | None = None
+) -> None:
+    """ys[i] += scale * (x A^T)[:, i r:(i + 1) r] B_i^T * mask in place, for projections that read one
+    x [num_tokens, in], with their weights stacked (StackedLora), y_i [num_tokens, out_i] and a per-token
+    0/1 mask [num_tokens, 1] (None: every token). Refused inputs leave every y unwritten."""
+    _check_shrink_expand(x, weights, ys, mask)
+    if use_triton(x):
+        lora_shrink_expand_triton(x, weights, ys, mask)
+    elif get_backend() == "auto" and weights.a_t is not None:
+        lora_shrink_expand_cpu(x, weights, ys, mask)
+    else:
+        lora_shrink_expand_torch(x, weights, ys, mask)

@@ -5,6 +5,10 @@ B [out, r] live in buffers the engine owns (copied from the peft model once, the
 `update_lora`). Per request, the adapter is on ("policy") or off (None, the base model); one batch may mix
 both, through a per-token 0/1 mask.
 
+Projections that read the same input (q/k/v, gate/up) and share a rank and scale form a LoraGroup: their A
+buffers are rows of one stacked tensor, so a single shrink serves them all. On the CPU the kernels read
+transposed copies of the buffers (kernels.lora.StackedLora), re-derived whenever a version is adopted.
+
 Names follow the weight-sync contract: the HF module path of the base Linear plus `.lora_A` / `.lora_B`, e.g.
 `model.layers.0.self_attn.q_proj.lora_A`.
 """
@@ -12,14 +16,14 @@ Names follow the weight-sync contract: the HF module path of the base Linear plu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from kernels.lora import lora_expand, lora_shrink
+from kernels.lora import StackedLora, lora_shrink_expand
 
 POLICY = "policy"  # the name of the one adapter the engine serves
 
@@ -44,11 +48,21 @@ class LoraTokens:
 
 @dataclass(slots=True)
 class LoraWeights:
-    """One adapted projection: buffers A [r, in], B [out, r] and the output scale."""
+    """One adapted projection: buffers A [r, in] (rows of its LoraGroup's stacked A), B [out, r] and the
+    output scale."""
 
     a: torch.Tensor
     b: torch.Tensor
     scale: float
+
+
+@dataclass(slots=True)
+class LoraGroup:
+    """Adapted projections that read one input, with one rank and scale: their weights, stacked, and their
+    places among the projections that `LoraAdapter.groups_for` was given."""
+
+    positions: tuple[int, ...]
+    weights: StackedLora
 
 
 def is_lora_layer(module: nn.Module) -> bool:
@@ -135,11 +149,47 @@ class LoraAdapter:
                 b=layer.lora_B[adapter].weight.detach().clone().contiguous(),
                 scale=float(layer.scaling[adapter]),
             )
-        self.version = 0
+        self._groups: dict[tuple[int, ...], list[LoraGroup]] = {}
+        self._version = 0
 
-    def for_module(self, module: nn.Module) -> LoraWeights | None:
-        """The weights serving a projection module of the HF model (a peft LoRA layer), or None."""
-        return self._by_module.get(id(module))
+    @property
+    def version(self) -> int:
+        """The version the buffers hold. Setting it adopts the weights now in the buffers: the CPU kernels'
+        transposed copies are re-derived from them."""
+        return self._version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        for groups in self._groups.values():
+            for group in groups:
+                group.weights.refresh()
+        self._version = version
+
+    def groups_for(self, modules: Sequence[nn.Module]) -> list[LoraGroup]:
+        """The groups serving projection modules of the HF model (peft LoRA layers or plain Linears) that all
+        read one input: the adapted ones, grouped by rank and scale. On the first call their A buffers move
+        into the groups' stacked tensors; each sync name then resolves to a view of its rows."""
+        key = tuple(id(module) for module in modules)
+        if key not in self._groups:
+            if any(module_id in other for other in self._groups for module_id in key):
+                raise ValueError("each projection belongs to one set of projections sharing an input")
+            self._groups[key] = self._stack(key)
+        return self._groups[key]
+
+    def _stack(self, key: tuple[int, ...]) -> list[LoraGroup]:
+        by_rank_and_scale: dict[tuple[int, float], list[int]] = {}
+        for position, module_id in enumerate(key):
+            weights = self._by_module.get(module_id)
+            if weights is not None:
+                by_rank_and_scale.setdefault((weights.a.shape[0], weights.scale), []).append(position)
+        groups = []
+        for (rank, scale), positions in by_rank_and_scale.items():
+            members = [self._by_module[key[p]] for p in positions]
+            a = torch.cat([w.a for w in members])  # [num * r, in]
+            for weights, rows in zip(members, a.split(rank), strict=True):
+                weights.a = rows
+            groups.append(LoraGroup(tuple(positions), StackedLora(a, tuple(w.b for w in members), scale)))
+        return groups
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """The engine-owned tensors by sync name (views, not copies)."""
@@ -155,8 +205,9 @@ class LoraAdapter:
 
 
 def add_lora_delta(
-    y: torch.Tensor, x: torch.Tensor, weights: LoraWeights, token_mask: torch.Tensor | None
-) -> torch.Tensor:
-    """y += scale * (x A^T) B^T in place, on the tokens whose request uses the adapter (token_mask
-    [num_tokens, 1], None for all); returns y. On CUDA the [num_tokens, out] delta is never materialised."""
-    return lora_expand(lora_shrink(x, weights.a, weights.scale), weights.b, y, token_mask)
+    ys: Sequence[torch.Tensor], x: torch.Tensor, group: LoraGroup, token_mask: torch.Tensor | None
+) -> None:
+    """ys[p] += scale * (x A^T) B^T in place for each projection p of the group, on the tokens whose request
+    uses the adapter (token_mask [num_tokens, 1], None for all); ys holds the outputs of every projection
+    given to groups_for. One shrink serves the group; the [num_tokens, out] delta is never materialised."""
+    lora_shrink_expand(x, group.weights, [ys[p] for p in group.positions], token_mask)

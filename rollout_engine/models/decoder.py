@@ -15,7 +15,7 @@ from kernels.rms_norm import rms_norm
 from kernels.rotary_embedding import rotary_embedding
 from rollout_engine.lora import LoraAdapter, LoraTokens
 from rollout_engine.models.attention import AttentionMetadata, paged_attention, with_decode_plan
-from rollout_engine.models.linear import base_linear, linear
+from rollout_engine.models.linear import base_linear, linear, linears
 
 
 def _eps(norm: nn.Module) -> float:
@@ -34,10 +34,11 @@ class PagedDecoderLayer:
         adapter: LoraAdapter | None,
     ) -> None:
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
-        lora = adapter.for_module if adapter is not None else lambda module: None
-        self.q_lora, self.k_lora, self.v_lora = lora(attn.q_proj), lora(attn.k_proj), lora(attn.v_proj)
-        self.o_lora, self.gate_lora = lora(attn.o_proj), lora(mlp.gate_proj)
-        self.up_lora, self.down_lora = lora(mlp.up_proj), lora(mlp.down_proj)
+        # LoRA groups of the projections that read one input: q/k/v share x, gate/up share x
+        lora = adapter.groups_for if adapter is not None else lambda modules: []
+        self.qkv_lora = lora((attn.q_proj, attn.k_proj, attn.v_proj))
+        self.o_lora, self.down_lora = lora((attn.o_proj,)), lora((mlp.down_proj,))
+        self.gate_up_lora = lora((mlp.gate_proj, mlp.up_proj))
         self.input_norm = hf_layer.input_layernorm
         self.post_attention_norm = hf_layer.post_attention_layernorm
         self.q_proj, self.k_proj = base_linear(attn.q_proj), base_linear(attn.k_proj)
@@ -70,15 +71,10 @@ class PagedDecoderLayer:
             x, residual = rms_norm(hidden, self.input_norm.weight, _eps(self.input_norm)), hidden
         else:
             x, residual = rms_norm(hidden, self.input_norm.weight, _eps(self.input_norm), residual)
-        q = self._head_norm(
-            linear(x, self.q_proj, self.q_lora, lora).view(num_tokens, self.num_heads, self.head_dim),
-            self.q_norm,
-        )
-        k = self._head_norm(
-            linear(x, self.k_proj, self.k_lora, lora).view(num_tokens, self.num_kv_heads, self.head_dim),
-            self.k_norm,
-        )
-        v = linear(x, self.v_proj, self.v_lora, lora).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = linears(x, (self.q_proj, self.k_proj, self.v_proj), self.qkv_lora, lora)
+        q = self._head_norm(q.view(num_tokens, self.num_heads, self.head_dim), self.q_norm)
+        k = self._head_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim), self.k_norm)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = rotary_embedding(positions, q, k, cos_sin_cache)
         attn = paged_attention(
             q, k, v, k_cache, v_cache, meta, self.scale
@@ -87,8 +83,7 @@ class PagedDecoderLayer:
         x, residual = rms_norm(
             hidden, self.post_attention_norm.weight, _eps(self.post_attention_norm), residual
         )
-        gate = linear(x, self.gate_proj, self.gate_lora, lora)
-        up = linear(x, self.up_proj, self.up_lora, lora)
+        gate, up = linears(x, (self.gate_proj, self.up_proj), self.gate_up_lora, lora)
         hidden = linear(silu_and_mul(gate, up), self.down_proj, self.down_lora, lora)
         return hidden, residual
 

@@ -1,12 +1,14 @@
-"""Every projection of the paged forward goes through `linear`, the one place where LoRA hooks in."""
+"""Every projection of the paged forward goes through `linears`, the one place where LoRA hooks in."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollout_engine.lora import LoraTokens, LoraWeights, add_lora_delta
+from rollout_engine.lora import LoraGroup, LoraTokens, add_lora_delta
 
 
 def base_linear(module: nn.Module) -> nn.Linear:
@@ -18,12 +20,23 @@ def base_linear(module: nn.Module) -> nn.Linear:
     return layer
 
 
+def linears(
+    x: torch.Tensor,
+    layers: Sequence[nn.Linear],
+    groups: Sequence[LoraGroup] = (),
+    tokens: LoraTokens | None = None,
+) -> list[torch.Tensor]:
+    """y = x W^T + b for each layer reading x, with the HF layer's own parameter tensors (read at call time,
+    never copied), plus the engine's LoRA delta (one shrink per group) on the tokens that use the adapter."""
+    ys = [F.linear(x, layer.weight, layer.bias) for layer in layers]
+    if tokens is not None and tokens.enabled:
+        for group in groups:
+            add_lora_delta(ys, x, group, tokens.mask)
+    return ys
+
+
 def linear(
-    x: torch.Tensor, layer: nn.Linear, lora: LoraWeights | None = None, tokens: LoraTokens | None = None
+    x: torch.Tensor, layer: nn.Linear, groups: Sequence[LoraGroup] = (), tokens: LoraTokens | None = None
 ) -> torch.Tensor:
-    """y = x W^T + b with the HF layer's own parameter tensors (read at call time, never copied), plus the
-    engine's LoRA delta on the tokens that use the adapter."""
-    y = F.linear(x, layer.weight, layer.bias)
-    if lora is not None and tokens is not None and tokens.enabled:
-        add_lora_delta(y, x, lora, tokens.mask)
-    return y
+    """`linears` of one layer."""
+    return linears(x, (layer,), groups, tokens)[0]

@@ -1,5 +1,7 @@
 """LoRA shrink/expand against a hand-written float64 formula (x A^T B^T * scale * mask), each kernel against
-its reference, refused inputs, and the engine with the Triton path forced against the reference path."""
+its reference, refused inputs, and the engine with the Triton path forced against the reference path. The
+grouped shrink_expand (one shrink over the stacked A of projections sharing an input) gets the same checks,
+per projection, on every backend."""
 
 import sys
 from pathlib import Path
@@ -9,7 +11,7 @@ import torch
 
 import kernels.lora
 from kernels import use_backend
-from kernels.lora import lora_expand, lora_shrink
+from kernels.lora import StackedLora, lora_expand, lora_shrink, lora_shrink_expand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout_engine"))
 from rollout_tiny_models import make_engine, random_prompts  # noqa: E402
@@ -42,6 +44,17 @@ def formula(x, a, b, scale, mask):
     return delta if mask is None else delta * mask.double()
 
 
+def stacked_inputs(num_tokens, in_features, out_features, rank, gen, dtype=torch.float32):
+    """x and, per projection, its own random A [r, in] and B [out, r]: a projection that read another's rows
+    of the stacked A (or another's B) would be off by O(1)."""
+    x = torch.randn(num_tokens, in_features, generator=gen).to(dtype)
+    a_list = [
+        (torch.randn(rank, in_features, generator=gen) / in_features**0.5).to(dtype) for _ in out_features
+    ]
+    b_list = [(torch.randn(out, rank, generator=gen) / rank**0.5).to(dtype) for out in out_features]
+    return x, a_list, b_list
+
+
 def run_backend(backend, request):
     if backend == "triton":
         request.getfixturevalue("interpreter")
@@ -71,6 +84,94 @@ def test_shrink_then_expand_equals_formula(
     if masked:  # tokens without the adapter keep the base output bit for bit
         off = mask[:, 0] == 0
         assert torch.equal(y[off], y_before[off])
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch", "triton"])
+@pytest.mark.parametrize("num_tokens", [1, 7, 33])
+@pytest.mark.parametrize(
+    ("in_features", "out_features"), [(64, (96,)), (96, (64, 24, 24)), (576, (200, 200))]
+)
+@pytest.mark.parametrize("rank", [8, 12])
+@pytest.mark.parametrize("masked", [False, True])
+def test_shrink_expand_gives_each_projection_its_own_delta(
+    backend, num_tokens, in_features, out_features, rank, masked, gen, poison_allocations, request
+):
+    x, a_list, b_list = stacked_inputs(num_tokens, in_features, out_features, rank, gen)
+    weights = StackedLora(torch.cat(a_list), tuple(b_list), SCALE)
+    mask = mixed_mask(num_tokens, gen) if masked else None
+    ys_before = [torch.randn(num_tokens, out, generator=gen) for out in out_features]
+    ys = [y.clone() for y in ys_before]
+    with run_backend(backend, request):
+        lora_shrink_expand(x, weights, ys, mask)
+    for y, y_before, a, b in zip(ys, ys_before, a_list, b_list, strict=True):
+        want = y_before.double() + formula(x, a, b, SCALE, mask)
+        torch.testing.assert_close(y.double(), want, atol=1e-5, rtol=1e-5)
+        if masked:  # tokens without the adapter keep the base output bit for bit
+            off = mask[:, 0] == 0
+            assert torch.equal(y[off], y_before[off])
+
+
+def test_auto_runs_cpu_tensors_on_the_transposed_copies(gen, monkeypatch):
+    """On the CPU, "auto" multiplies a_t and b_t (scale folded in), not the reference or Triton."""
+    monkeypatch.setattr(kernels.lora, "lora_shrink_expand_torch", None)  # calling either would raise
+    monkeypatch.setattr(kernels.lora, "lora_shrink_expand_triton", None)
+    x, a_list, b_list = stacked_inputs(5, 64, (48, 32), 8, gen)
+    weights = StackedLora(torch.cat(a_list), tuple(b_list), SCALE)
+    assert torch.equal(weights.a_t, weights.a.T) and torch.equal(weights.b_t[1], b_list[1].T * SCALE)
+    ys = [torch.zeros(5, 48), torch.zeros(5, 32)]
+    lora_shrink_expand(x, weights, ys)
+    for y, a, b in zip(ys, a_list, b_list, strict=True):
+        torch.testing.assert_close(y.double(), formula(x, a, b, SCALE, None), atol=1e-5, rtol=1e-5)
+
+
+def test_refresh_rederives_the_cpu_copies_after_weights_are_written_in_place(gen):
+    x, a_list, b_list = stacked_inputs(6, 64, (32, 16), 4, gen)
+    weights = StackedLora(torch.cat(a_list), tuple(b_list), SCALE)
+    _, new_a, new_b = stacked_inputs(6, 64, (32, 16), 4, gen)
+    weights.a.copy_(torch.cat(new_a))  # as a weight sync writes the buffers
+    for b, fresh in zip(weights.b, new_b, strict=True):
+        b.copy_(fresh)
+    weights.refresh()
+    ys = [torch.zeros(6, 32), torch.zeros(6, 16)]
+    lora_shrink_expand(x, weights, ys)
+    for y, a, b in zip(ys, new_a, new_b, strict=True):
+        torch.testing.assert_close(y.double(), formula(x, a, b, SCALE, None), atol=1e-5, rtol=1e-5)
+
+
+def test_stacked_lora_refuses_mismatched_weights(gen):
+    a, b = torch.randn(8, 64, generator=gen), torch.randn(32, 4, generator=gen)
+    with pytest.raises(ValueError, match="of one rank r"):
+        StackedLora(a, (b, torch.randn(16, 8, generator=gen)), SCALE)
+    with pytest.raises(ValueError, match="stacking num A"):
+        StackedLora(a[:6], (b, b), SCALE)
+    with pytest.raises(ValueError, match="one dtype"):
+        StackedLora(a, (b, b.double()), SCALE)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch", "triton"])
+def test_bad_shrink_expand_inputs_are_refused_and_every_y_is_left_intact(backend, gen, request):
+    if backend == "triton":
+        request.getfixturevalue("triton_installed")
+    x, a_list, b_list = stacked_inputs(4, 64, (32, 16), 8, gen)
+    weights = StackedLora(torch.cat(a_list), tuple(b_list), SCALE)
+    ys = [torch.randn(4, 32, generator=gen), torch.randn(4, 16, generator=gen)]
+    ys_before = [y.clone() for y in ys]
+    bad_calls = {
+        "x \\[num_tokens, 64\\]": lambda: lora_shrink_expand(x[:, :48], weights, ys),
+        "one y \\[num_tokens, out\\]": lambda: lora_shrink_expand(x, weights, ys[:1]),
+        "got x \\(4, 64\\) and y \\[\\(4, 32\\), \\(3, 16\\)\\]": lambda: lora_shrink_expand(
+            x, weights, [ys[0], ys[1][:3]]
+        ),
+        "contiguous rows": lambda: lora_shrink_expand(x, weights, [ys[0], ys[1].T.contiguous().T]),
+        "adapter's dtype": lambda: lora_shrink_expand(x.double(), weights, ys),
+        "mask must be \\[num_tokens, 1\\]": lambda: lora_shrink_expand(x, weights, ys, torch.ones(4)),
+    }
+    with use_backend(backend):
+        for message, call in bad_calls.items():
+            with pytest.raises(ValueError, match=message):
+                call()
+    for y, y_before in zip(ys, ys_before, strict=True):
+        assert torch.equal(y, y_before)
 
 
 @pytest.mark.parametrize(("num_tokens", "in_features", "rank"), [(1, 576, 16), (33, 96, 12), (7, 64, 80)])
@@ -207,6 +308,30 @@ def test_gpu_bf16_triton_matches_formula_and_reference(
     if masked:
         off = mask[:, 0] == 0
         assert torch.equal(y[off], y_before[off])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 77])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_bf16_grouped_shrink_expand_matches_formula_and_reference(num_tokens, masked, gen):
+    """Qwen3-1.7B's q/k/v: one split shrink over the stacked A [3 * 16, 2048], an expand per projection."""
+    x, a_list, b_list = stacked_inputs(num_tokens, 2048, (2048, 1024, 1024), 16, gen, torch.bfloat16)
+    x, a_list, b_list = x.cuda(), [a.cuda() for a in a_list], [b.cuda() for b in b_list]
+    weights = StackedLora(torch.cat(a_list), tuple(b_list), SCALE)
+    assert weights.a_t is None  # no transposed copies on the GPU
+    mask = mixed_mask(num_tokens, gen).to("cuda", torch.bfloat16) if masked else None
+    ys_before = [
+        torch.randn(num_tokens, b.shape[0], generator=gen).to("cuda", torch.bfloat16) for b in b_list
+    ]
+    ys = [y.clone() for y in ys_before]
+    lora_shrink_expand(x, weights, ys, mask)
+    with use_backend("torch"):
+        wants = [y.clone() for y in ys_before]
+        lora_shrink_expand(x, weights, wants, mask)
+    for y, want, y_before, a, b in zip(ys, wants, ys_before, a_list, b_list, strict=True):
+        exact = y_before.double() + formula(x, a, b, SCALE, mask)
+        torch.testing.assert_close(y.double(), exact, atol=3e-2, rtol=2e-2)
+        torch.testing.assert_close(y, want, atol=3e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu
