@@ -1,5 +1,9 @@
 """Attention over the paged KV cache: decode (one query token per sequence) and prefill/extend (a chunk of
-queries per sequence attending to its cached prefix and causally within the chunk)."""
+queries per sequence attending to its cached prefix and causally within the chunk).
+
+paged_attention_decode and paged_attention_prefill are the entry points, and the only places that choose an
+implementation (under the kernel backend, kernels.backend): the Triton kernel for CUDA tensors; for decode on
+fp32 CPU tensors the C kernel (paged_decode_cpu.py) where it could be built; else the PyTorch reference."""
 
 from itertools import accumulate
 from typing import NamedTuple
@@ -13,9 +17,6 @@ from kernels.paged_decode_cpu import cpu_decode_supported, paged_attention_decod
 from kernels.paged_prefill import paged_attention_prefill_triton
 
 __all__ = [
-    "DecodeGather",
-    "decode_gather",
-    "gather_kv",
     "paged_attention_decode",
     "paged_attention_decode_cpu",
     "paged_attention_decode_torch",
@@ -45,9 +46,8 @@ def _gather_packed(
     return cache.flatten(0, 1).index_select(0, _slots(cache, block_tables, rows, positions))
 
 
-class DecodeGather(NamedTuple):
-    """Where a batch of decode sequences reads its K/V, padded to the batch's longest context. Every layer
-    shares the block tables, so this is worked out once per step and reused by all of them."""
+class _DecodeGather(NamedTuple):
+    """Where a batch of decode sequences reads its K/V, padded to the batch's longest context."""
 
     rows: torch.Tensor  # [num_seqs * num_kv_heads * max_len] int64 rows of cache.view(-1, head_dim)
     bias: torch.Tensor  # [num_seqs, 1, 1, max_len] fp32: 0 inside the context, -inf on padding
@@ -55,23 +55,18 @@ class DecodeGather(NamedTuple):
     max_len: int
 
 
-def decode_gather(
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_size: int,
-    num_kv_heads: int,
-    starts: torch.Tensor | None = None,
-) -> DecodeGather:
-    """The cache rows of positions [starts, context_lens) of each sequence (starts default to 0), head-major,
-    for a cache of `block_size`-token blocks. Padding positions read the sequence's last valid position
-    instead (its first when it has none), so padding never brings in the NaN or garbage the cache may hold
-    there (nor follows table entries past the context); `bias` masks them out of the softmax."""
+def _decode_gather(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, num_kv_heads: int
+) -> _DecodeGather:
+    """The cache rows of positions [0, context_lens) of each sequence, head-major, for a cache of
+    `block_size`-token blocks. Padding positions read the sequence's last valid position instead (its first
+    when it has none), so padding never brings in the NaN or garbage the cache may hold there (nor follows
+    table entries past the context); `bias` masks them out of the softmax."""
     device = block_tables.device
-    first = starts.to(device).long() if starts is not None else torch.zeros_like(context_lens, device=device)
-    lens = context_lens.to(device).long() - first
+    lens = context_lens.to(device).long()
     max_len = int(lens.max()) if lens.numel() else 0
     offsets = torch.arange(max_len, device=device)
-    positions = first[:, None] + torch.minimum(offsets, (lens - 1).clamp(min=0)[:, None])  # [seqs, max_len]
+    positions = torch.minimum(offsets, (lens - 1).clamp(min=0)[:, None])  # [seqs, max_len]
     slots = block_tables.long().gather(1, positions // block_size) * block_size + positions % block_size
     heads = torch.arange(num_kv_heads, device=device)[:, None]
     # One cache row per (slot, kv head) so the copy lands directly in the head-major layout SDPA wants.
@@ -79,11 +74,11 @@ def decode_gather(
     padding = (offsets >= lens[:, None])[:, None, None, :]
     bias = torch.zeros(padding.shape, device=device).masked_fill_(padding, float("-inf"))
     empty = lens == 0
-    return DecodeGather(rows, bias, empty if bool(empty.any()) else None, max_len)
+    return _DecodeGather(rows, bias, empty if bool(empty.any()) else None, max_len)
 
 
-def gather_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, gather: DecodeGather
+def _gather_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, gather: _DecodeGather
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V copied out of the cache by `gather`, each [num_seqs, num_kv_heads, max_len, head_dim] fp32."""
     num_kv_heads, head_dim = k_cache.shape[2:]
@@ -105,10 +100,10 @@ def paged_attention_decode_torch(
     SDPA in fp32, the query heads of a KV head acting as that head's query rows."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    gather = decode_gather(block_tables, context_lens, k_cache.shape[1], num_kv_heads)
+    gather = _decode_gather(block_tables, context_lens, k_cache.shape[1], num_kv_heads)
     if gather.max_len == 0:
         return torch.zeros_like(q)
-    k, v = gather_kv(k_cache, v_cache, gather)
+    k, v = _gather_kv(k_cache, v_cache, gather)
     q_grouped = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(q_grouped, k, v, attn_mask=gather.bias, scale=scale)
     if gather.empty is not None:  # a sequence with no context attends to nothing

@@ -165,7 +165,6 @@ class DecodeGraphs:
             prefill_max_query_len=0,
             decode_block_tables=b.block_tables[:size],
             decode_context_lens=b.context_lens[:size],
-            decode_splits=[0, size],
         )
         lora = LoraTokens(
             enabled=b.lora_mask is not None, mask=None if b.lora_mask is None else b.lora_mask[:size]

@@ -13,8 +13,6 @@ from rollout_engine.lora import LoraTokens
 from rollout_engine.models import AttentionMetadata, PagedDecoder
 from rollout_engine.scheduler import ScheduledSeq
 
-_CPU_DECODE_GROUPS = 4
-
 
 @dataclass(slots=True)
 class StepInputs:
@@ -113,7 +111,6 @@ class ModelRunner:
             prefill_max_query_len=max_query_len,
             decode_block_tables=_block_tables(decode_tables, device),
             decode_context_lens=_int32(decode_lens, device),
-            decode_splits=self._decode_splits(len(decode_lens)),
         )
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
@@ -133,12 +130,6 @@ class ModelRunner:
         flags = [float(uses) for uses, count in counts for _ in range(count)]
         mask = torch.tensor(flags, dtype=self.kv_pool.dtype, device=self.device)[:, None]
         return LoraTokens(enabled=True, mask=mask)
-
-    def _decode_splits(self, num_decodes: int) -> list[int]:
-        """On CPU, cut the length-sorted decodes into a few equal groups: the reference attention pads every
-        sequence of a call to the call's longest context. A GPU kernel handles ragged lengths in one call."""
-        num_groups = 1 if self.device.type == "cuda" else max(1, min(_CPU_DECODE_GROUPS, num_decodes // 16))
-        return [num_decodes * i // num_groups for i in range(num_groups + 1)]
 
     def capture_graphs(self, max_num_seqs: int, max_blocks_per_seq: int) -> None:
         """Capture CUDA graphs for decode-only steps of up to max_num_seqs sequences (CUDA only)."""

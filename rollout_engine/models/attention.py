@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from kernels.backend import use_triton
 from kernels.paged_attention import paged_attention_decode, paged_attention_prefill
-from kernels.paged_attention_cascade import CascadePlan, cascade_plan, paged_attention_decode_cascade
-from kernels.paged_decode_cpu import cpu_decode_supported
 from kernels.reshape_and_cache import reshape_and_cache
 
 
@@ -19,9 +15,8 @@ class AttentionMetadata:
     """Where each token's K/V goes and what each query attends to, for one engine step.
 
     Tokens [0, num_prefill_tokens) belong to chunks of more than one query (prefill / extend); the
-    remaining tokens are one query per sequence (decode), sorted by context length. The PyTorch CPU decode
-    attention works in the groups that decode_splits delimits, so each group's padded K/V gather stays close
-    to its own lengths; the kernels take ragged lengths in one call.
+    remaining tokens are one query per sequence (decode), sorted by context length. Which kernel attends is
+    chosen in kernels.paged_attention.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
@@ -32,26 +27,6 @@ class AttentionMetadata:
     prefill_max_query_len: int
     decode_block_tables: torch.Tensor  # [num_decode_seqs, max_num_blocks] int32
     decode_context_lens: torch.Tensor  # [num_decode_seqs] int32
-    decode_splits: list[int]  # group boundaries over decode sequences: [0, ..., num_decode_seqs]
-    decode_plan: CascadePlan | None = None  # CPU: the decode attention's plan, from `with_decode_plan`
-
-
-def with_decode_plan(meta: AttentionMetadata, k_cache: torch.Tensor, num_heads: int) -> AttentionMetadata:
-    """The step's metadata with the PyTorch CPU decode attention (num_heads query heads) planned once for all
-    layers: the shared prompt prefixes and every sequence's suffix. The Triton kernels on CUDA and the C
-    kernel on CPU read the block tables themselves."""
-    if (
-        meta.decode_context_lens.shape[0] == 0
-        or k_cache.device.type != "cpu"
-        or use_triton(k_cache)
-        or cpu_decode_supported(k_cache, num_heads)
-    ):
-        return meta
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    plan = cascade_plan(
-        meta.decode_block_tables, meta.decode_context_lens, meta.decode_splits, block_size, num_kv_heads
-    )
-    return dataclasses.replace(meta, decode_plan=plan)
 
 
 def paged_attention(
@@ -92,8 +67,6 @@ def _prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torc
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    if meta.decode_plan is not None:
-        return paged_attention_decode_cascade(q, k_cache, v_cache, meta.decode_plan, scale)
     return paged_attention_decode(
         q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale
     )

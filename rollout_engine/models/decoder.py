@@ -14,7 +14,7 @@ from kernels.activation import silu_and_mul
 from kernels.rms_norm import rms_norm
 from kernels.rotary_embedding import rotary_embedding
 from rollout_engine.lora import LoraAdapter, LoraTokens
-from rollout_engine.models.attention import AttentionMetadata, paged_attention, with_decode_plan
+from rollout_engine.models.attention import AttentionMetadata, paged_attention
 from rollout_engine.models.linear import base_linear, linear, linears
 
 
@@ -124,7 +124,6 @@ class PagedDecoder:
         """Logits [num_logits, vocab] (fp32) of the hidden states at logits_indices."""
         hidden = torch.nn.functional.embedding(input_ids, self.embed_tokens.weight)
         residual = None
-        meta = with_decode_plan(meta, kv_caches[0][0], self.num_heads)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(
                 hidden, residual, positions, self.cos_sin_cache, k_cache, v_cache, meta, lora

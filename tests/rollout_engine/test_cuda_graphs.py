@@ -72,7 +72,6 @@ def hand_step(lora: LoraTokens, n: int = 3, width: int = 2) -> StepInputs:
         prefill_max_query_len=0,
         decode_block_tables=torch.arange(1, 1 + n * width, dtype=torch.int32).view(n, width),
         decode_context_lens=torch.arange(21, 21 + n, dtype=torch.int32),
-        decode_splits=[0, n],
     )
     return StepInputs(torch.arange(10, 10 + n), torch.arange(20, 20 + n), meta, torch.arange(n), lora)
 
