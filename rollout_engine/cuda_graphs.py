@@ -23,17 +23,13 @@ import bisect
 import functools
 import gc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from kernels.backend import get_backend
 from rollout_engine.kv_pool import allocate_kv_pool
 from rollout_engine.lora import LoraTokens
-from rollout_engine.models import AttentionMetadata, PagedDecoder
-
-if TYPE_CHECKING:
-    from rollout_engine.model_runner import StepInputs
+from rollout_engine.models import AttentionMetadata, PagedDecoder, StepInputs
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from rollout_engine.block_manager import CopyPair
 from rollout_engine.cuda_graphs import DecodeGraphs
 from rollout_engine.kv_pool import allocate_kv_pool, release_blocks, resident_bytes
 from rollout_engine.lora import LoraTokens
-from rollout_engine.models import AttentionMetadata, PagedDecoder
+from rollout_engine.models import AttentionMetadata, PagedDecoder, StepInputs
 from rollout_engine.scheduler import ScheduledSeq
-
-
-@dataclass(slots=True)
-class StepInputs:
-    input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_rows] int64
-    lora: LoraTokens
 
 
 def _block_tables(tables: list[list[int]], device: torch.device) -> torch.Tensor:

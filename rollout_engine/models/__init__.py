@@ -7,10 +7,18 @@ from torch import nn
 from rollout_engine.lora import LoraAdapter
 from rollout_engine.models.attention import AttentionMetadata
 from rollout_engine.models.decoder import PagedDecoder
+from rollout_engine.models.inputs import StepInputs
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "AttentionMetadata", "PagedDecoder", "build_paged_model", "unwrap_model"]
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "AttentionMetadata",
+    "PagedDecoder",
+    "StepInputs",
+    "build_paged_model",
+    "unwrap_model",
+]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -24,8 +24,7 @@ from rollout_engine.cuda_graphs import (  # noqa: E402
 )
 from rollout_engine.lora import LoraTokens  # noqa: E402
 from rollout_engine.memory import num_kv_blocks  # noqa: E402
-from rollout_engine.model_runner import StepInputs  # noqa: E402
-from rollout_engine.models import AttentionMetadata  # noqa: E402
+from rollout_engine.models import AttentionMetadata, StepInputs  # noqa: E402
 from rollout_engine.scheduler import ScheduledSeq  # noqa: E402
 from rollout_engine.sequence import Sequence  # noqa: E402
 
