@@ -31,26 +31,32 @@ from transformers import PreTrainedTokenizerBase
 
 from envs import Env, EnvError, make_env, start_episodes, step_episodes
 from envs.tasks import task_splits
-from rl import distributed as dp
-from rl.advantages import compute_advantages, filter_zero_std_groups
-from rl.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
-from rl.config import register_configs
-from rl.config_checks import check_config
-from rl.curriculum import Curriculum
-from rl.data import TaskStream
-from rl.evaluate import EvalResult, evaluate, succeeded
-from rl.lora import add_lora, lora_tensors
-from rl.metrics import RunLogger, SampleRow
-from rl.models import ModelLoadError, load_model
-from rl.optim import build_lr_scheduler, build_optimizer
-from rl.rollout import group_rewards, play_groups, to_rollout_batch
-from rl.rollout_worker import RemoteEngine, build_worker
+from rl.algo.advantages import compute_advantages, filter_zero_std_groups
+from rl.algo.optim import build_lr_scheduler, build_optimizer
+from rl.algo.trainer import train_step
+from rl.job import distributed as dp
+from rl.job.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
+from rl.job.config import register_configs
+from rl.job.config_checks import check_config
+from rl.job.curriculum import Curriculum
+from rl.job.data import TaskStream
+from rl.job.evaluate import EvalResult, evaluate, succeeded
+from rl.job.logger import RunLogger, SampleRow
+from rl.job.loop_metrics import (
+    StepTimer,
+    combine_rank_metrics,
+    engine_metrics,
+    memory_metrics,
+    reward_metrics,
+)
+from rl.job.model_loading import ModelLoadError, load_model
+from rl.job.play import group_rewards, play_groups, to_rollout_batch
+from rl.job.remote_engine import RemoteEngine, build_worker
+from rl.job.sft import DemoSampler, demonstrations, warm_start
+from rl.job.summary import EvalPoint, run_summary, summary_text, write_summary
 from rl.settings import ConfigError
-from rl.sft import DemoSampler, demonstrations, warm_start
-from rl.step_metrics import StepTimer, combine_rank_metrics, engine_metrics, memory_metrics, reward_metrics
-from rl.summary import EvalPoint, run_summary, summary_text, write_summary
-from rl.trainer import train_step
-from rl.weight_sync import DistributedSync, InProcessSync
+from rl.sync.adapter import add_lora, lora_tensors
+from rl.sync.transport import DistributedSync, InProcessSync
 from rollout_engine import LLMEngine, SamplingParams
 
 register_configs()

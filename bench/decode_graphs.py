@@ -69,7 +69,7 @@ def load(name: str, device: torch.device) -> tuple[torch.nn.Module, str]:
     without them a random model of the same shape runs the same decode work."""
     if name == "smollm2_135m":
         try:
-            from rl.models import load_model
+            from rl.job.model_loading import load_model
 
             return load_model(name, device=str(device), dtype="bfloat16")[0], "gguf"
         except Exception as err:

@@ -34,8 +34,8 @@ from decode_graphs import SHAPES
 from json_line import emit
 from transformers import AutoModelForCausalLM
 
-from rl.lora import add_lora, lora_tensors
-from rl.models import load_model
+from rl.job.model_loading import load_model
+from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import LLMEngine, SamplingParams
 
 TASKS = [

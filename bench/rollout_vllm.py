@@ -33,7 +33,7 @@ import torch
 from json_line import emit
 from rollout import chat_prompts, run_engine
 
-from rl.models import load_model, smollm2_checkpoint_dir
+from rl.job.model_loading import load_model, smollm2_checkpoint_dir
 from rollout_engine import LLMEngine
 
 ROOT = Path(__file__).resolve().parent.parent

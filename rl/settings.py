@@ -3,7 +3,7 @@
 Each component keeps the one list of the values it accepts (``LOSS_TYPES``, ``IS_MODES``, ``WANDB_MODES``
 ...); ``choices`` turns such a list into the str Enum that the Hydra schema types a key with, so a value
 outside the list is refused when the config is composed. A ``Rule`` says what a type cannot (a range); each
-is written once and checked once, before any work starts (``rl.config_checks``).
+is written once and checked once, before any work starts (``rl.job.config_checks``).
 """
 
 from __future__ import annotations

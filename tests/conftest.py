@@ -39,6 +39,6 @@ def causal_lm_logprobs():
 @pytest.fixture(scope="session")
 def smollm2():
     """The real default model and its tokenizer, loaded once per test session. Tests must not modify it."""
-    from rl.models import load_model
+    from rl.job.model_loading import load_model
 
     return load_model("smollm2_135m")

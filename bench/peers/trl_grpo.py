@@ -29,9 +29,9 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from envs import make_env, start_episodes, step_episodes
-from rl.lora import resolve_target_modules
-from rl.models import load_model
-from rl.rollout import prompt_token_ids
+from rl.job.model_loading import load_model
+from rl.job.play import prompt_token_ids
+from rl.sync.adapter import resolve_target_modules
 
 
 class TimedGRPOTrainer(GRPOTrainer):

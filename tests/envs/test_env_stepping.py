@@ -14,9 +14,9 @@ import torch
 
 from envs import EnvError, StepResult, step_episodes, stepping
 from envs.stepping import NUM_WORKERS
-from rl.evaluate import succeeded
-from rl.rollout import Trajectory, _record_step
-from rl.step_metrics import reward_metrics
+from rl.job.evaluate import succeeded
+from rl.job.loop_metrics import reward_metrics
+from rl.job.play import Trajectory, _record_step
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = threading.Event()  # lets the hung steps of this process go once the module's tests are done

@@ -8,9 +8,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from rl.config import register_configs
-from rl.config_checks import check_config
-from rl.models import ModelLoadError
+from rl.job.config import register_configs
+from rl.job.config_checks import check_config
+from rl.job.model_loading import ModelLoadError
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from rl.models import ModelLoadError, build_tiny_model, load_model, resolve_device, resolve_dtype
+from rl.job.model_loading import ModelLoadError, build_tiny_model, load_model, resolve_device, resolve_dtype
 
 
 def test_default_model_has_smollm2_shape(smollm2):

@@ -21,8 +21,8 @@ from loop_models import (
 )
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from rl import checkpoint
-from rl.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
+from rl.job import checkpoint
+from rl.job.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
 
 CONFIG_YAML = "trainer:\n  lr: 0.01\nalgo:\n  group_size: 4\n"
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ KILLED_SAVE = """
 import io, os, sys, time
 import torch
 from loop_models import LORA, lora_state, optimizer_and_scheduler, seed_all, tiny_lora_model, train_step
-from rl.checkpoint import save_checkpoint
+from rl.job.checkpoint import save_checkpoint
 
 run_dir = sys.argv[1]
 seed_all(0)

@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from test_train_e2e import REPO, load_train_module
 
-from rl.config import register_configs
+from rl.job.config import register_configs
 
 SHORT = [
     "sft.steps=20",

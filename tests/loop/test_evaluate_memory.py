@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from envs import StepResult, start_episodes, step_episodes
-from rl.evaluate import evaluate
-from rl.models import load_model
-from rl.rollout import play_groups
+from rl.job.evaluate import evaluate
+from rl.job.model_loading import load_model
+from rl.job.play import play_groups
 from rollout_engine import LLMEngine, SamplingParams
 
 

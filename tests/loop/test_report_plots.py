@@ -1,4 +1,4 @@
-"""rl.report: PNG plots from a synthetic metrics log, skipped plots, and clear errors for bad logs."""
+"""rl.job.report: PNG plots from a synthetic metrics log, skipped plots, and clear errors for bad logs."""
 
 import json
 import runpy
@@ -8,8 +8,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from rl.metrics import RunLogger
-from rl.report import ReportError, load_metrics, main, write_plots
+from rl.job.logger import RunLogger
+from rl.job.report import ReportError, load_metrics, main, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIRST_LINE_RGB = np.array([0x1F, 0x77, 0xB4]) / 255  # matplotlib's default first line colour, C0
@@ -106,12 +106,12 @@ def test_missing_or_malformed_log_gets_a_clear_error(tmp_path, capsys, content, 
     assert not (tmp_path / "plots").exists() or not list((tmp_path / "plots").iterdir())
 
 
-@pytest.mark.filterwarnings("ignore:'rl.report' found in sys.modules")
+@pytest.mark.filterwarnings("ignore:'rl.job.report' found in sys.modules")
 def test_python_dash_m_entry_point(tmp_path, monkeypatch, capsys):
     write_log(tmp_path, synthetic_log(num_steps=3, resumed_at=None))
-    monkeypatch.setattr(sys, "argv", ["rl.report", str(tmp_path), "--out", str(tmp_path / "png")])
+    monkeypatch.setattr(sys, "argv", ["rl.job.report", str(tmp_path), "--out", str(tmp_path / "png")])
     with pytest.raises(SystemExit) as exit_info:
-        runpy.run_module("rl.report", run_name="__main__")
+        runpy.run_module("rl.job.report", run_name="__main__")
     assert exit_info.value.code == 0
     assert sorted(p.name for p in (tmp_path / "png").iterdir()) == sorted(
         ["reward.png", "kl.png", "completion_lengths.png", "throughput.png", "step_time.png"]
@@ -130,8 +130,8 @@ def test_report_reads_what_the_run_logger_writes(tmp_path):
 
 
 def test_learning_curve_spans_the_warm_start_and_grpo_from_the_summary(tmp_path):
-    from rl.evaluate import EvalResult
-    from rl.summary import EvalPoint, run_summary, write_summary
+    from rl.job.evaluate import EvalResult
+    from rl.job.summary import EvalPoint, run_summary, write_summary
 
     points = [
         EvalPoint("base", 0, EvalResult(0.02, -0.05, 200)),

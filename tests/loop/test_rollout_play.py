@@ -7,10 +7,10 @@ import torch
 from transformers import AutoTokenizer
 
 from envs import StepResult, step_episodes
-from rl.advantages import compute_advantages
-from rl.data import TaskStream
-from rl.models import smollm2_checkpoint_dir
-from rl.rollout import group_rewards, play_groups, prompt_token_ids, to_rollout_batch
+from rl.algo.advantages import compute_advantages
+from rl.job.data import TaskStream
+from rl.job.model_loading import smollm2_checkpoint_dir
+from rl.job.play import group_rewards, play_groups, prompt_token_ids, to_rollout_batch
 from rollout_engine import SamplingParams
 from rollout_engine.outputs import Completion, GroupResult
 

@@ -10,7 +10,7 @@ import torch
 import wandb
 from wandb.proto import wandb_internal_pb2
 
-from rl.metrics import RunLogger, SampleRow
+from rl.job.logger import RunLogger, SampleRow
 
 STEPS = {
     1: {

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from rl.evaluate import EvalResult, wilson_interval
-from rl.step_metrics import StepTimer
-from rl.summary import EvalPoint, run_summary, summary_text, write_summary
+from rl.job.evaluate import EvalResult, wilson_interval
+from rl.job.loop_metrics import StepTimer
+from rl.job.summary import EvalPoint, run_summary, summary_text, write_summary
 
 
 def history_step(reward, **extra):

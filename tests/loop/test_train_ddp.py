@@ -16,9 +16,9 @@ import pytest
 import torch
 from test_train_e2e import VOWELS, compose_cfg, load_train_module, vowel_tasks
 
-from rl.config import register_configs
-from rl.data import TaskStream
-from rl.distributed import (
+from rl.job.config import register_configs
+from rl.job.data import TaskStream
+from rl.job.distributed import (
     DistInfo,
     distributed,
     engine_memory_budget,
@@ -27,10 +27,10 @@ from rl.distributed import (
     rank_device,
     shard,
 )
-from rl.evaluate import EvalResult
-from rl.lora import add_lora, lora_tensors
-from rl.models import load_model
-from rl.step_metrics import combine_rank_metrics
+from rl.job.evaluate import EvalResult
+from rl.job.loop_metrics import combine_rank_metrics
+from rl.job.model_loading import load_model
+from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import SamplingParams
 
 NUM_STEPS, PROMPTS_PER_RANK, WORLD_SIZE = 2, 2, 2

@@ -14,12 +14,12 @@ from datasets import Dataset, DatasetDict
 from hydra import compose, initialize_config_dir
 
 from envs import EnvError, StepResult
-from rl.advantages import compute_advantages
-from rl.checkpoint import find_latest
-from rl.config import register_configs
-from rl.lora import lora_tensors
-from rl.rollout import group_rewards, to_rollout_batch
+from rl.algo.advantages import compute_advantages
+from rl.job.checkpoint import find_latest
+from rl.job.config import register_configs
+from rl.job.play import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
+from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]

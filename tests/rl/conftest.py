@@ -5,7 +5,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from rl.batch import collate_rollouts
+from rl.algo.batch import collate_rollouts
 
 VOCAB = 97
 PROMPT_LENGTHS = [3, 2, 4, 2, 3, 5]

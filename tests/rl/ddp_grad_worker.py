@@ -7,8 +7,8 @@ import torch.distributed as dist
 from conftest import rollout_batch, tiny_llama, with_lora
 from torch.nn.parallel import DistributedDataParallel
 
-from rl.losses import LossConfig
-from rl.trainer import accumulate_gradients, batch_logprobs
+from rl.algo.losses import LossConfig
+from rl.algo.trainer import accumulate_gradients, batch_logprobs
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
 

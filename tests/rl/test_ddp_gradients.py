@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from rl.losses import LossConfig
-from rl.trainer import accumulate_gradients
+from rl.algo.losses import LossConfig
+from rl.algo.trainer import accumulate_gradients
 
 WORKER = Path(__file__).with_name("ddp_grad_worker.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rl.advantages import compute_advantages, filter_zero_std_groups, reward_stats
+from rl.algo.advantages import compute_advantages, filter_zero_std_groups, reward_stats
 
 REWARDS = torch.tensor([[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 0.0, 0.0]])
 # group 0: mean 3, deviations [-2, -1, 0, 3], Bessel std sqrt(14 / 3)

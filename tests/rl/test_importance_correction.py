@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from rl.importance import importance_weights
-from rl.losses import LossConfig, compute_policy_loss
+from rl.algo.importance import importance_weights
+from rl.algo.losses import LossConfig, compute_policy_loss
 
 SAMPLING = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -4.0]])
 RATIOS = torch.tensor([[2.0, 4.0, 0.5], [1.5, 0.8, 100.0]])

@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from rl.losses import LossConfig, compute_policy_loss, kl_estimate
+from rl.algo.losses import LossConfig, compute_policy_loss, kl_estimate
 
 P = torch.tensor([0.1, 0.2, 0.3, 0.4])
 Q = torch.tensor([0.25, 0.25, 0.4, 0.1])

@@ -5,7 +5,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from rl.lora_fused import LoraLinear, fused_lora
+from rl.algo.lora_fused import LoraLinear, fused_lora
 
 VOCAB = 97
 

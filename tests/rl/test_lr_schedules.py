@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rl.optim import build_lr_scheduler, build_optimizer
+from rl.algo.optim import build_lr_scheduler, build_optimizer
 
 
 def lrs_over(schedule, num_steps, **kwargs):

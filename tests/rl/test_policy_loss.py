@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from rl.losses import LossConfig, compute_policy_loss
+from rl.algo.losses import LossConfig, compute_policy_loss
 
 LOSS_SETTINGS = {field.name for field in dataclasses.fields(LossConfig)}
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0]])

@@ -1,9 +1,9 @@
-"""collate_rollouts lays tokens out as rl.batch documents, and RolloutBatch rejects misaligned tensors."""
+"""collate_rollouts lays tokens out as rl.algo.batch documents; RolloutBatch rejects misaligned tensors."""
 
 import pytest
 import torch
 
-from rl.batch import RolloutBatch, collate_rollouts
+from rl.algo.batch import RolloutBatch, collate_rollouts
 
 
 def test_layout_by_hand():

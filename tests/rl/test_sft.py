@@ -6,10 +6,10 @@ import torch
 from envs.sql.generator import generate_sql_tasks
 from envs.sql.grading import grade_completion
 from envs.sql.single_turn import SqlEnv
-from rl.lora import add_lora
-from rl.models import load_model
-from rl.rollout import prompt_token_ids
-from rl.sft import Demonstration, DemoSampler, demonstrations, sft_step
+from rl.job.model_loading import load_model
+from rl.job.play import prompt_token_ids
+from rl.job.sft import Demonstration, DemoSampler, demonstrations, sft_step
+from rl.sync.adapter import add_lora
 
 PREFIX = "```sql\nSELECT"
 

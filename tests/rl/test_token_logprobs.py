@@ -4,9 +4,9 @@ import copy
 
 import torch
 
-from rl.batch import collate_rollouts
-from rl.logprobs import shared_prefix_length, token_logprobs
-from rl.trainer import batch_logprobs, first_loss_position, reference_logprobs
+from rl.algo.batch import collate_rollouts
+from rl.algo.logprobs import shared_prefix_length, token_logprobs
+from rl.algo.trainer import batch_logprobs, first_loss_position, reference_logprobs
 
 
 def hf_row_logprobs(model, ids, temperature=1.0):

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from rl.losses import LossConfig
-from rl.optim import build_lr_scheduler, build_optimizer
-from rl.trainer import accumulate_gradients, batch_logprobs, reference_logprobs, train_step
+from rl.algo.losses import LossConfig
+from rl.algo.optim import build_lr_scheduler, build_optimizer
+from rl.algo.trainer import accumulate_gradients, batch_logprobs, reference_logprobs, train_step
 
 # loss-mask tokens per row: completions [4, 6, 3, 5, 2, 4], row 3 has 2 observation tokens
 NUM_TOKENS = 4 + 6 + 3 + 3 + 2 + 4

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from rl.batch import collate_rollouts
-from rl.lora import add_lora
-from rl.losses import LossConfig
-from rl.models import load_model
-from rl.optim import build_optimizer
-from rl.trainer import train_step
+from rl.algo.batch import collate_rollouts
+from rl.algo.losses import LossConfig
+from rl.algo.optim import build_optimizer
+from rl.algo.trainer import train_step
+from rl.job.model_loading import load_model
+from rl.sync.adapter import add_lora
 
 
 @pytest.mark.slow

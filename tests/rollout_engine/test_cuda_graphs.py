@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cuda_graph_cases import BLOCK_SIZE, MAX_MODEL_LEN, eager_logits, make_runner, prefilled_decode_step  # noqa: E402
 from rollout_tiny_models import make_engine, make_tiny_model, random_prompts  # noqa: E402
 
-from rl.lora import add_lora  # noqa: E402
+from rl.sync.adapter import add_lora  # noqa: E402
 from rollout_engine import SamplingParams  # noqa: E402
 from rollout_engine.cuda_graphs import (  # noqa: E402
     DecodeGraphs,

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cuda_graph_cases import BLOCK_SIZE, MAX_MODEL_LEN, eager_logits, make_runner, prefilled_decode_step  # noqa: E402
 from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
-from rl.models import ModelLoadError  # noqa: E402
+from rl.job.model_loading import ModelLoadError  # noqa: E402
 from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
 from rollout_engine.cuda_graphs import measure_graph_bytes  # noqa: E402
 from rollout_engine.models import build_paged_model  # noqa: E402
@@ -92,7 +92,7 @@ def test_smollm2_greedy_is_the_same_with_and_without_graphs(request):
 
 def test_replay_after_update_lora_uses_the_new_weights():
     pytest.importorskip("peft")
-    from rl.lora import add_lora, lora_tensors
+    from rl.sync.adapter import add_lora, lora_tensors
 
     model = add_lora(make_tiny_model("llama"), rank=4, alpha=8.0, target_modules="all").cuda().eval()
     prompts = random_prompts([4, 13, 9], seed=2)

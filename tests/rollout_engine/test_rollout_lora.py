@@ -9,8 +9,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
-from rl.lora import add_lora, lora_tensors  # noqa: E402
-from rl.weight_sync import InProcessSync  # noqa: E402
+from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
+from rl.sync.transport import InProcessSync  # noqa: E402
 from rollout_engine import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[])

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
 from test_rollout_lora import randomize_lora  # noqa: E402
 
-from rl.lora import PROJECTIONS, lora_tensors  # noqa: E402
+from rl.sync.adapter import PROJECTIONS, lora_tensors  # noqa: E402
 from rollout_engine import SamplingParams  # noqa: E402
 from rollout_engine.lora import LoraAdapter, LoraTokens  # noqa: E402
 from rollout_engine.models.linear import base_linear, linears  # noqa: E402

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from rl.weight_sync import TensorSpec
+from rl.sync.transport import TensorSpec
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -57,7 +57,7 @@ class PeftEngine:
     """A peft copy of the trainer's model whose LoRA parameters are the receiver's buffers."""
 
     def __init__(self, base_state: dict[str, torch.Tensor], rank: int, alpha: float, targets: list[str]):
-        from rl.lora import add_lora, lora_tensors
+        from rl.sync.adapter import add_lora, lora_tensors
 
         base = tiny_llama(seed=12345)
         base.load_state_dict(base_state)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rl.weight_sync import TensorSpec, bucket_plan
+from rl.sync.transport import TensorSpec, bucket_plan
 
 SPECS = {"a": TensorSpec((3,), torch.float32), "b": TensorSpec((2,), torch.bfloat16)}  # 12 and 4 bytes
 

@@ -9,8 +9,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from sync_fake_receiver import BufferEngine, PeftEngine, tiny_llama, token_logprobs  # noqa: E402
 
-from rl.lora import add_lora, lora_tensors  # noqa: E402
-from rl.weight_sync import InProcessSync, tensor_specs  # noqa: E402
+from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
+from rl.sync.transport import InProcessSync, tensor_specs  # noqa: E402
 
 
 def randomize(named: dict[str, torch.Tensor], seed: int) -> None:

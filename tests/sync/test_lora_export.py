@@ -1,4 +1,4 @@
-"""rl.lora: target resolution, the engine naming contract and the LoRA math it implies."""
+"""rl.sync.adapter: target resolution, the engine naming contract and the LoRA math it implies."""
 
 import math
 import sys
@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from sync_fake_receiver import tiny_llama  # noqa: E402
 
-from rl.lora import add_lora, lora_tensors, resolve_target_modules  # noqa: E402
+from rl.sync.adapter import add_lora, lora_tensors, resolve_target_modules  # noqa: E402
 
 HIDDEN, INTERMEDIATE, KV_OUT = 64, 112, 2 * 16  # tiny_llama: 4 heads of 16, 2 KV heads
 

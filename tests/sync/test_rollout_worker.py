@@ -2,10 +2,10 @@
 
 import torch
 
-from rl.lora import add_lora, lora_tensors
-from rl.models import load_model, smollm2_checkpoint_dir
-from rl.rollout_worker import RemoteEngine, build_worker
-from rl.weight_sync import DistributedSync
+from rl.job.model_loading import load_model, smollm2_checkpoint_dir
+from rl.job.remote_engine import RemoteEngine, build_worker
+from rl.sync.adapter import add_lora, lora_tensors
+from rl.sync.transport import DistributedSync
 from rollout_engine import SamplingParams
 
 MODEL = dict(name="tiny_llama", seed=3)

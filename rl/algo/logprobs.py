@@ -1,4 +1,4 @@
-"""Per-token logprobs (and entropy) of a causal LM, aligned as described in `rl.batch`."""
+"""Per-token logprobs (and entropy) of a causal LM, aligned as described in `rl.algo.batch`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu_threads import adapt_cpu_threads
-from rl.lora_fused import fused_lora
+from rl.algo.lora_fused import fused_lora
 
 
 def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
@@ -38,7 +38,7 @@ def token_logprobs(
 
     When every row starts with the same tokens (the G samples of one GRPO prompt), that shared prefix runs
     once and its KV cache is repeated over the rows: the same logprobs and, through the cache, the same
-    gradients, for a fraction of the compute. Plain LoRA projections run fused (`rl.lora_fused`).
+    gradients, for a fraction of the compute. Plain LoRA projections run fused (`rl.algo.lora_fused`).
     """
     if temperature <= 0.0:
         raise ValueError(f"temperature must be > 0 to define logprobs, got {temperature}")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl.rollout import Trajectory, play_groups
+from rl.job.play import Trajectory, play_groups
 
 SUCCESS_COMPONENT = "execution"  # SQL envs report the execution match under this reward name
 

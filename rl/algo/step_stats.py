@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.losses import LossStats
+from rl.algo.losses import LossStats
 
 
 @dataclass(slots=True)
@@ -71,7 +71,7 @@ def combine_loss_stats(
 ) -> LossStats:
     """Whole-batch stats from micro-batch (stats, loss weight) pairs.
 
-    Losses add up with the weights their loss type's aggregation gave them (`rl.aggregation`), as their
+    Losses add up with the weights their loss type's aggregation gave them (`rl.algo.aggregation`), as their
     gradients did; token means are re-weighted by token count, whatever the loss type.
     """
     share = [stats.num_tokens / total_tokens.clamp(min=1) for stats, _ in parts]

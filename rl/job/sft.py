@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from rl.batch import collate_rollouts
-from rl.losses import LossConfig
-from rl.rollout import prompt_token_ids
+from rl.algo.batch import collate_rollouts
+from rl.algo.losses import LossConfig
+from rl.algo.trainer import accumulate_gradients, model_device, optimizer_step
+from rl.job.play import prompt_token_ids
 from rl.settings import ConfigError
-from rl.trainer import accumulate_gradients, model_device, optimizer_step
 
 # the per-sequence mean (grpo aggregation) of the policy loss at ratio 1 and advantage 1: the NLL's gradient
 NLL = LossConfig(loss_type="grpo")

@@ -85,7 +85,8 @@ def save_checkpoint(
     """
     if not isinstance(model, PeftModel):
         raise TypeError(
-            f"save_checkpoint needs a peft PeftModel (see rl.lora.add_lora), got {type(model).__name__}."
+            f"save_checkpoint needs a peft PeftModel (see rl.sync.adapter.add_lora), "
+            f"got {type(model).__name__}."
         )
     if step < 0:
         raise ValueError(f"checkpoint step must be >= 0, got {step}.")
@@ -243,7 +244,8 @@ def _read_adapter(adapter_dir: Path, model: PeftModel) -> dict[str, torch.Tensor
     """The saved adapter weights, checked against the model's LoRA layers name by name and shape by shape."""
     if not isinstance(model, PeftModel):
         raise TypeError(
-            f"load_checkpoint needs a peft PeftModel (see rl.lora.add_lora), got {type(model).__name__}."
+            f"load_checkpoint needs a peft PeftModel (see rl.sync.adapter.add_lora), "
+            f"got {type(model).__name__}."
         )
     saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
     live = model.peft_config[model.active_adapter].to_dict()
@@ -275,14 +277,14 @@ def _read_adapter(adapter_dir: Path, model: PeftModel) -> dict[str, torch.Tensor
 def _check_loadable(path: Path) -> None:
     if (path / CHECKPOINTS).is_dir() and not (path / STATE).exists():
         raise ConfigError(
-            f"{path} is a run directory, not a checkpoint: pass rl.checkpoint.find_latest({str(path)!r}) "
+            f"{path} is a run directory, not a checkpoint: pass rl.job.checkpoint.find_latest({str(path)!r}) "
             f"or one of its {CHECKPOINTS}/step_<N> directories."
         )
     missing = [name for name in REQUIRED if not (path / name).is_file()]
     if missing:
         raise FileNotFoundError(
             f"{path} is not a complete checkpoint (missing {', '.join(missing)}): pass a "
-            f"{CHECKPOINTS}/step_<N> directory written by rl.checkpoint.save_checkpoint."
+            f"{CHECKPOINTS}/step_<N> directory written by rl.job.checkpoint.save_checkpoint."
         )
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.evaluate import EvalResult
-from rl.step_metrics import PHASES, StepTimer
+from rl.job.evaluate import EvalResult
+from rl.job.loop_metrics import PHASES, StepTimer
 
 SUMMARY_FILE = "summary.json"
 

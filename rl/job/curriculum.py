@@ -9,7 +9,7 @@ Few tasks are drawn twice in a short run, so a task's estimate borrows from its 
 the ``pool_by`` fields (e.g. query family and difficulty). The pool's rate has a Beta(1, 1) prior, so
 untried pools start at 0.5 (the highest weight: they are explored first), and a task's own attempts count
 against ``prior_strength`` pseudo-attempts at the pool's rate. Same seed and same outcomes give the same
-draws; ``position`` / ``restore`` make it resumable like ``rl.data.TaskStream``.
+draws; ``position`` / ``restore`` make it resumable like ``rl.job.data.TaskStream``.
 """
 
 from __future__ import annotations

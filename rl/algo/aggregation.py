@@ -2,9 +2,9 @@
 
 Each loss type is one aggregation. ``reduce`` turns a (micro-)batch's per-token loss [B, T] into a scalar;
 ``weight`` is the factor that turns a micro-batch's reduced loss into its share of the whole batch's, so
-that gradients (and the loss statistics, `rl.stats.combine_loss_stats`) accumulated over micro-batches
-equal one pass over the batch. Under DDP the batch counts are the means over the ranks, which makes the
-averaged gradients those of the global batch.
+that gradients (and the loss statistics, `rl.algo.step_stats.combine_loss_stats`) accumulated over
+micro-batches equal one pass over the batch. Under DDP the batch counts are the means over the ranks, which
+makes the averaged gradients those of the global batch.
 """
 
 from __future__ import annotations

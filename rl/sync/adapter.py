@@ -92,10 +92,12 @@ def add_lora(
 def _lora_layers(peft_model: PeftModel) -> tuple[str, list[tuple[str, LoraLayer]]]:
     """The active adapter and (HF module path, LoRA layer) for each adapted Linear of the base model."""
     if not isinstance(peft_model, PeftModel):
-        raise TypeError(f"Expected a peft PeftModel (see rl.lora.add_lora), got {type(peft_model).__name__}.")
+        raise TypeError(
+            f"Expected a peft PeftModel (see rl.sync.adapter.add_lora), got {type(peft_model).__name__}."
+        )
     layers = lora_layers(peft_model)
     if not layers:
-        raise ValueError("The peft model holds no LoRA layers: build it with rl.lora.add_lora.")
+        raise ValueError("The peft model holds no LoRA layers: build it with rl.sync.adapter.add_lora.")
     return active_adapter(peft_model), layers
 
 

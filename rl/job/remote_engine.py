@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from rl.lora import add_lora
-from rl.models import load_model
-from rl.weight_sync import DistributedSync
+from rl.job.model_loading import load_model
+from rl.sync.adapter import add_lora
+from rl.sync.transport import DistributedSync
 from rollout_engine import LLMEngine
 
 

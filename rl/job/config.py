@@ -2,13 +2,13 @@
 
 Every group's YAML is merged into these dataclasses, so an unknown key or a value of the wrong type is
 rejected at composition with a message that names the key; the YAML files hold only what differs from
-these defaults. Value ranges are checked before any work starts by `rl.config_checks.check_config`.
+these defaults. Value ranges are checked before any work starts by `rl.job.config_checks.check_config`.
 
 Only `train.py` reads the config tree; components take flat arguments, or one typed value. A component's
-own settings live beside it and are assembled here: `rl.losses.LossConfig` (the algo.* keys of the update,
-which `train_step` takes as they are), and `rl.lora.LoraConfig`, `rl.metrics.LoggerConfig` and
-`rl.curriculum.CurriculumConfig`, whose fields are the defaults of `add_lora`, `RunLogger` and `Curriculum`.
-The choices come from the components' own lists.
+own settings live beside it and are assembled here: `rl.algo.losses.LossConfig` (the algo.* keys of the
+update, which `train_step` takes as they are), and `rl.sync.adapter.LoraConfig`, `rl.job.logger.LoggerConfig`
+and `rl.job.curriculum.CurriculumConfig`, whose fields are the defaults of `add_lora`, `RunLogger` and
+`Curriculum`. The choices come from the components' own lists.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from rl.advantages import ESTIMATORS, SCALES
-from rl.curriculum import CurriculumConfig
-from rl.lora import LoraConfig
-from rl.losses import LossConfig
-from rl.metrics import LoggerConfig
-from rl.models import DTYPES, MODEL_NAMES
-from rl.optim import SCHEDULES
+from rl.algo.advantages import ESTIMATORS, SCALES
+from rl.algo.losses import LossConfig
+from rl.algo.optim import SCHEDULES
+from rl.job.curriculum import CurriculumConfig
+from rl.job.logger import LoggerConfig
+from rl.job.model_loading import DTYPES, MODEL_NAMES
 from rl.settings import choices
+from rl.sync.adapter import LoraConfig
 
 ModelName = choices("ModelName", MODEL_NAMES)
 DType = choices("DType", ("auto", *DTYPES))

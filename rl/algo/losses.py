@@ -1,8 +1,8 @@
 """Clipped policy-gradient loss: token or sequence (GSPO) ratios, dual-clip, KL penalty; and its settings.
 
-All per-token tensors are [B, T] and aligned as described in `rl.batch`; `mask` is true on the tokens the
+All per-token tensors are [B, T] and aligned as described in `rl.algo.batch`; `mask` is true on the tokens the
 policy sampled. Values at masked-out positions never reach the loss or its gradient, whatever they hold.
-The loss type's aggregation (`rl.aggregation`) turns the per-token loss into one number.
+The loss type's aggregation (`rl.algo.aggregation`) turns the per-token loss into one number.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.aggregation import LossType, aggregation
-from rl.importance import IS_MODES, MAX_LOG_RATIO
+from rl.algo.aggregation import LossType, aggregation
+from rl.algo.importance import IS_MODES, MAX_LOG_RATIO
 from rl.settings import (
     ConfigError,
     Rule,
@@ -31,7 +31,7 @@ KLEstimator = choices("KLEstimator", KL_ESTIMATORS)
 ISMode = choices("ISMode", ("none", *IS_MODES))
 
 
-# what a type cannot say about LossConfig's settings; rl.config_checks checks them as algo.*
+# what a type cannot say about LossConfig's settings; rl.job.config_checks checks them as algo.*
 LOSS_RULES: tuple[Rule, ...] = (
     ("eps_low", lambda v: number(v) and 0 <= v < 1, "use a number with 0 <= eps_low < 1"),
     ("eps_high", at_least(0), "use a finite number >= 0"),
@@ -48,13 +48,14 @@ LOSS_RULES: tuple[Rule, ...] = (
 
 @dataclass
 class LossConfig:
-    """How a step turns a rollout batch into an update: the algo.* keys that `rl.trainer.train_step` reads.
+    """How a step turns a rollout batch into an update: the algo.* keys that `rl.algo.trainer.train_step`
+    reads.
 
-    It is the schema of those keys (`rl.config.AlgoConfig` extends it) and the value train_step takes.
+    It is the schema of those keys (`rl.job.config.AlgoConfig` extends it) and the value train_step takes.
     Checked once, when built; the choices may be given as strings (``LossConfig(loss_type="dapo")``).
     """
 
-    loss_type: LossType = LossType.grpo  # the aggregation (rl.aggregation)
+    loss_type: LossType = LossType.grpo  # the aggregation (rl.algo.aggregation)
     eps_low: float = 0.2  # clip the ratio to [1 - eps_low, 1 + eps_high]
     eps_high: float = 0.2
     dual_clip_c: float | None = None  # cap the loss of negative-advantage tokens at -c * A
@@ -62,7 +63,8 @@ class LossConfig:
     beta: float = 0.0  # weight of the KL penalty against the base model (the adapter disabled)
     kl_estimator: KLEstimator = KLEstimator.k3
     num_iterations: int = 1  # optimizer steps over each batch (mu)
-    is_mode: ISMode = ISMode.none  # importance-sampling correction of the sampler's logprobs (rl.importance)
+    # importance-sampling correction of the sampler's logprobs (rl.algo.importance)
+    is_mode: ISMode = ISMode.none
     is_cap: float = 3.0
     mask_truncated_completions: bool = False  # no loss on completions cut off at the length limit
 
@@ -183,7 +185,7 @@ def compute_policy_loss(
 
     logprobs (with grad), old_logprobs, mask, ref_logprobs, is_weights, entropy: [B, T]; advantages: [B].
     r = exp(logprobs - old_logprobs) per token, or per sequence with `loss.gspo`. `loss.dual_clip_c` caps
-    the loss of negative-advantage tokens at -c*A. `is_weights` (see `rl.importance`) multiply the policy
+    the loss of negative-advantage tokens at -c*A. `is_weights` (see `rl.algo.importance`) multiply the policy
     term only. max_completion_length: the generation length limit, which loss_type dr_grpo divides by.
     """
     same_shape = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs,

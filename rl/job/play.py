@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rl.batch import RolloutBatch, collate_rollouts
+from rl.algo.batch import RolloutBatch, collate_rollouts
 
 
 @dataclass(slots=True)

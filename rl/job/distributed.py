@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from rl.evaluate import EvalResult
+from rl.job.evaluate import EvalResult
 from rl.settings import ConfigError
 from rollout_engine.memory import total_memory_bytes
 

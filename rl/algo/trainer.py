@@ -9,12 +9,12 @@ import math
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from rl.aggregation import aggregation
-from rl.batch import RolloutBatch
-from rl.importance import ISCorrection, importance_weights
-from rl.logprobs import token_logprobs, unwrap_ddp
-from rl.losses import LossConfig, LossStats, compute_policy_loss
-from rl.stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
+from rl.algo.aggregation import aggregation
+from rl.algo.batch import RolloutBatch
+from rl.algo.importance import ISCorrection, importance_weights
+from rl.algo.logprobs import token_logprobs, unwrap_ddp
+from rl.algo.losses import LossConfig, LossStats, compute_policy_loss
+from rl.algo.step_stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -89,9 +89,10 @@ def accumulate_gradients(
 
     record_logprobs [B, T], when given, receives the current logprobs (detached).
 
-    Each micro-batch's `compute_policy_loss` is weighed by the loss type's aggregation (`rl.aggregation`).
-    Without old_logprobs the ratio is 1 (the current logprobs, detached). [B, T] inputs follow `rl.batch`.
-    Under DDP, gradients sync once, on the last micro-batch; stats stay per rank.
+    Each micro-batch's `compute_policy_loss` is weighed by the loss type's aggregation
+    (`rl.algo.aggregation`). Without old_logprobs the ratio is 1 (the current logprobs, detached). [B, T]
+    inputs follow `rl.algo.batch`. Under DDP, gradients sync once, on the last micro-batch; stats stay per
+    rank.
     """
     weigh = aggregation(loss.loss_type, max_completion_length).weight
     device = model_device(model)

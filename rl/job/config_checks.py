@@ -1,6 +1,6 @@
 """The value ranges of the config tree, checked once before any work starts.
 
-The schemas in ``rl.config`` fix each key's type at composition; ``check_config`` adds what a type cannot
+The schemas in ``rl.job.config`` fix each key's type at composition; ``check_config`` adds what a type cannot
 say (``prompts_per_step`` >= 1, ``top_p`` in (0, 1], a finite temperature ...) and refuses a device this
 machine lacks, so a bad value costs seconds, not a model load or a first training step. Every bad key is
 named in one ConfigError, with the range it accepts.
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rl.lora import PROJECTIONS, TARGET_SHORTHANDS, resolve_target_modules
-from rl.losses import LOSS_RULES
-from rl.models import resolve_device
+from rl.algo.losses import LOSS_RULES
+from rl.job.model_loading import resolve_device
 from rl.settings import ConfigError, Rule, at_least, fraction, number, optional, positive, rule_problems
+from rl.sync.adapter import PROJECTIONS, TARGET_SHORTHANDS, resolve_target_modules
 
 
 def _lora_targets(value: str) -> bool:
@@ -72,7 +72,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def config_problems(cfg: DictConfig) -> list[str]:
-    """One line per key whose value is outside its range (RULES, and `rl.losses.LOSS_RULES` for algo)."""
+    """One line per key whose value is outside its range (RULES, and `rl.algo.losses.LOSS_RULES` for algo)."""
     problems = rule_problems(RULES, cfg) + rule_problems(LOSS_RULES, cfg.algo, prefix="algo.")
     if cfg.algo.group_size > cfg.rollout.max_num_seqs:
         problems.append(
