@@ -20,6 +20,11 @@ from rollout_engine.sequence import Sequence
 CopyPair = tuple[int, int]  # (src_block, dst_block) of a copy-on-write
 
 
+def ceil_div(num: int, divisor: int) -> int:
+    """num / divisor rounded up, in integers: e.g. the blocks that hold num tokens."""
+    return -(-num // divisor)
+
+
 class BlockManager:
     """Allocates KV blocks to sequences; O(1) allocate and free."""
 
@@ -49,7 +54,7 @@ class BlockManager:
         return sum(1 for count in self.ref_counts if count > 1)
 
     def num_blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)
 
     # prefix cache
 

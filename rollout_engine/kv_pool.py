@@ -21,6 +21,8 @@ from collections.abc import Iterable
 
 import torch
 
+from rollout_engine.block_manager import ceil_div
+
 
 def commits_on_write(device: torch.device) -> bool:
     """Whether a pool on `device` takes memory as it is written (the CPU) rather than all at once."""
@@ -65,7 +67,7 @@ def resident_bytes(pool: torch.Tensor) -> int:
         return nbytes
     page = mmap.PAGESIZE
     start = pool.data_ptr() // page * page
-    num_pages = -(-(pool.data_ptr() + nbytes - start) // page)
+    num_pages = ceil_div(pool.data_ptr() + nbytes - start, page)
     pages = bytearray(num_pages)  # bit 0 of each byte: that page is resident
     status = _libc().mincore(
         ctypes.c_void_p(start),
@@ -110,7 +112,7 @@ def release_blocks(pool: torch.Tensor, block_ids: Iterable[int]) -> None:
                 ranges.append([start, stop])
     page = mmap.PAGESIZE
     for start, stop in ranges:
-        start, stop = -(-start // page) * page, stop // page * page
+        start, stop = ceil_div(start, page) * page, stop // page * page
         if stop > start and _libc().madvise(
             ctypes.c_void_p(start), ctypes.c_size_t(stop - start), mmap.MADV_DONTNEED
         ):

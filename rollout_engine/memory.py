@@ -14,6 +14,7 @@ import os
 import torch
 from transformers import PretrainedConfig
 
+from rollout_engine.block_manager import ceil_div
 from rollout_engine.cuda_graphs import measure_graph_bytes
 from rollout_engine.models import PagedDecoder
 from rollout_engine.profiling import profile_activation_bytes
@@ -101,7 +102,7 @@ def num_kv_blocks(
     even one max_model_len sequence fits."""
     reserved = activation_bytes + graph_bytes
     num_blocks = max(budget_bytes - reserved, 0) // bytes_per_block
-    num_needed = -(-max_model_len // block_size)
+    num_needed = ceil_div(max_model_len, block_size)
     if num_blocks < num_needed:
         need = num_needed * bytes_per_block + reserved
         raise ValueError(
@@ -137,7 +138,7 @@ def plan_kv_pool(
         sizes = (config.hidden_size, config.intermediate_size, weight.shape[0])
         act = activation_bytes(max_num_batched_tokens, max_num_seqs, *sizes, dtype)
     per_block = kv_bytes_per_block(model.num_layers, block_size, model.num_kv_heads, model.head_dim, dtype)
-    max_blocks_per_seq = -(-max_model_len // block_size)
+    max_blocks_per_seq = ceil_div(max_model_len, block_size)
     graph_bytes = 0
     if use_graphs:
         graph_bytes = measure_graph_bytes(model, block_size, max_num_seqs, max_blocks_per_seq)

@@ -6,6 +6,7 @@ import random
 
 import torch
 
+from rollout_engine.block_manager import ceil_div
 from rollout_engine.model_runner import ModelRunner
 from rollout_engine.models import PagedDecoder
 from rollout_engine.sampler import SamplingBatch, sample
@@ -29,7 +30,7 @@ def profile_activation_bytes(
     lengths = [seq_len] * (max_num_batched_tokens // seq_len)
     if max_num_batched_tokens % seq_len:
         lengths.append(max_num_batched_tokens % seq_len)
-    num_blocks = [-(-length // block_size) for length in lengths]
+    num_blocks = [ceil_div(length, block_size) for length in lengths]
     runner = ModelRunner(model, sum(num_blocks), block_size, dtype, device)
     items, first_block = [], 0
     for index, (length, count) in enumerate(zip(lengths, num_blocks, strict=True)):
