@@ -11,6 +11,8 @@ matmul roofline the engine reaches. Ends with one JSON line.
     python bench/rollout.py --random-weights      # no SmolLM2 file (e.g. the GPU machine): see below
     python bench/rollout.py --lora --num-prompts 4 --group-size 8 --max-tokens 25 --prompt-tokens 220
                                                   # the training job's rollout shape, with its LoRA adapter
+    python bench/rollout.py --busy-neighbour      # also: the engine quiet vs beside a CPU-bound process
+    PAGEDRL_ADAPTIVE_THREADS=0 python bench/rollout.py --busy-neighbour   # the same, threads fixed
 
 --lora wraps the model in a rank-16 peft adapter on all 7 projections with random non-zero B (peft starts B at
 zero); every run then samples with it, and the same engine also runs the workload without it (lora=None
@@ -26,12 +28,14 @@ decode work as the real workload at its longest). On CUDA everything runs on the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
 import torch
 from decode_graphs import SHAPES
 from json_line import emit
+from neighbour import busy_neighbour
 from transformers import AutoModelForCausalLM
 
 from rl.job.model_loading import load_model
@@ -124,6 +128,21 @@ def lora_share(engine: LLMEngine, prompts, args) -> dict[str, float]:
         "base_engine_cpu_s": base_cpu_s,
         "lora_share_cpu": 1 - base_cpu_s / lora_cpu_s,
     }
+
+
+def under_load(engine: LLMEngine, prompts, args, stop_token_ids) -> dict[str, float]:
+    """The workload quiet, then beside a busy neighbour process, each from an empty prefix cache."""
+    rates = {}
+    for arm in ("quiet", "loaded"):
+        engine.reset_prefix_cache()
+        with busy_neighbour() if arm == "loaded" else contextlib.nullcontext():
+            seconds, tokens = run_engine(
+                engine, prompts, args.group_size, args.max_tokens, args.seed, stop_token_ids
+            )
+        rates[f"{arm}_engine_tokens_per_s"] = tokens / seconds
+    rates["slowdown_under_load"] = rates["quiet_engine_tokens_per_s"] / rates["loaded_engine_tokens_per_s"]
+    rates["adaptive_threads"] = os.environ.get("PAGEDRL_ADAPTIVE_THREADS", "1") != "0"
+    return rates
 
 
 def useful_length(row: list[int], eos: int | None) -> int:
@@ -230,6 +249,9 @@ def main() -> None:
     parser.add_argument("--random-weights", action="store_true", help="random SmolLM2-shaped model, no files")
     parser.add_argument("--prompt-tokens", type=int, default=0, help="pad prompts with random tokens to this")
     parser.add_argument("--lora", action="store_true", help="rank-16 LoRA adapter; time its share")
+    parser.add_argument(
+        "--busy-neighbour", action="store_true", help="time the engine again beside a CPU-bound process"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="best-of runs of each --lora arm")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -320,6 +342,13 @@ def main() -> None:
             f"({figures['base_engine_s']:.2f} s base, {figures['lora_engine_s']:.2f} s LoRA), "
             f"{figures['lora_share_cpu']:.1%} CPU time ({figures['base_engine_cpu_s']:.2f} s, "
             f"{figures['lora_engine_cpu_s']:.2f} s); best of {args.repeats}, to max_tokens"
+        )
+    if args.busy_neighbour:
+        figures.update(under_load(engine, prompts, args, stop))
+        print(
+            f"beside a busy process: {figures['loaded_engine_tokens_per_s']:.1f} vs "
+            f"{figures['quiet_engine_tokens_per_s']:.1f} tok/s quiet = "
+            f"{figures['slowdown_under_load']:.2f}x slower (adaptive threads: {figures['adaptive_threads']})"
         )
     if args.profile:
         profile_engine(engine, prompts, args, stop)
