@@ -175,11 +175,13 @@ class LLMEngine:
     def _run(self, out: SchedulerOutput) -> list[GroupResult]:
         self.runner.copy_blocks(out.copies)
         items = order_for_step(out.scheduled)
-        rows_per_item = [item.seq.num_samples_at_next_token if item.samples else 0 for item in items]
+        rows_per_item = [
+            item.seq.num_samples_at_next_token if item.samples_next_token else 0 for item in items
+        ]
         logits = self.runner.run(self.runner.prepare(items, rows_per_item))
-        sampling = [item.seq for item in items if item.samples]
+        sampling = [item.seq for item in items if item.samples_next_token]
         rngs = [rng for seq in sampling for rng in seq.rngs]
-        params = [seq.params for seq in sampling for _ in seq.rngs]
+        params = [seq.params for seq in sampling for _ in range(seq.num_samples_at_next_token)]
         batch = SamplingBatch(
             [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params], rngs
         )

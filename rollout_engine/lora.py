@@ -25,8 +25,6 @@ from torch import nn
 
 from kernels.lora import StackedLora, lora_shrink_expand
 
-POLICY = "policy"  # the name of the one adapter the engine serves
-
 
 class TensorSpec(NamedTuple):
     shape: tuple[int, ...]

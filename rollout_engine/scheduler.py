@@ -15,7 +15,7 @@ class ScheduledSeq:
     num_new_tokens: int
 
     @property
-    def samples(self) -> bool:
+    def samples_next_token(self) -> bool:
         """Whether this chunk reaches the end of the sequence, so the next token gets sampled."""
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 

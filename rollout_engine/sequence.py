@@ -21,8 +21,9 @@ class Sequence:
 
     A request with n samples starts as one sequence that prefills the prompt; when the prompt is done
     it forks into n sequences sharing the prompt's blocks. Until then `rngs` holds the n samples'
-    random streams; afterwards each sequence holds its own one. KV exists for token_ids[:num_computed_tokens];
-    the sequence needs token_ids[num_computed_tokens:] computed before it can sample its next token.
+    random streams (num_samples_at_next_token counts them); afterwards each sequence holds its own one. KV
+    exists for token_ids[:num_computed_tokens]; the sequence needs token_ids[num_computed_tokens:] computed
+    before it can sample its next token.
     """
 
     seq_id: int
@@ -38,7 +39,6 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     kv_policy_version: int = 0
     logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -52,10 +52,6 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def completion_token_ids(self) -> list[int]:

@@ -25,7 +25,7 @@ def run_step(scheduler: Scheduler) -> list[tuple[int, int]]:
     """Schedule, then play the model: advance computed tokens and append a token to sampling sequences."""
     out = scheduler.schedule()
     for item in out.scheduled:
-        samples = item.samples
+        samples = item.samples_next_token
         item.seq.num_computed_tokens += item.num_new_tokens
         scheduler.block_manager.mark_computed(item.seq)
         if samples:
