@@ -106,19 +106,25 @@ class LLMEngine:
 
     # requests
 
-    def _validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def _check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> StopChecker:
+        """The request's finish rules, once its params (validated again: they may have been edited since
+        they were made) and its prompt are known to suit this engine; ValueError otherwise."""
         params.validate()
         if params.n > self.scheduler.max_num_seqs:
             raise ValueError(
                 f"n={params.n} samples cannot run together under max_num_seqs={self.scheduler.max_num_seqs}; "
                 "raise max_num_seqs or lower n"
             )
-        StopChecker(params, self.tokenizer)
+        stop = StopChecker(params, self.tokenizer)
         check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
+        return stop
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """Queue one prompt for params.n samples; returns its request id."""
-        self._validate_request(prompt_token_ids, params)
+        return self._queue(prompt_token_ids, params, self._check_request(prompt_token_ids, params))
+
+    def _queue(self, prompt_token_ids: list[int], params: SamplingParams, stop: StopChecker) -> int:
+        """Queue a checked request."""
         if self.lora is None and params.lora is not None:  # no adapter: every request samples the base model
             params = dataclasses.replace(params, lora=None)
         request_id = self._next_request_id
@@ -127,7 +133,7 @@ class LLMEngine:
         self._requests[request_id] = _Request(
             prompt_token_ids=list(prompt_token_ids),
             samples=[None] * params.n,
-            stop=StopChecker(params, self.tokenizer),
+            stop=stop,
         )
         rngs = [random.Random(seed + i) for i in range(params.n)]
         self.scheduler.add(
@@ -260,12 +266,12 @@ class LLMEngine:
         tensor.tolist()). Everything is checked before anything is queued, and when a step raises (or the
         run is interrupted) every request of this call is aborted first, so the engine stays usable.
         """
-        params_list = self._validate_batch(prompt_token_ids, params)
+        checked = self._check_batch(prompt_token_ids, params)
         request_ids: list[int] = []
         try:
-            for prompt, p in zip(prompt_token_ids, params_list, strict=True):
-                request_ids.append(self.add_request(prompt, p))
-            results = self._run_to_completion(len(request_ids), sum(p.n for p in params_list), use_tqdm)
+            for prompt, (p, stop) in zip(prompt_token_ids, checked, strict=True):
+                request_ids.append(self._queue(prompt, p, stop))
+            results = self._run_to_completion(len(request_ids), sum(p.n for p, _ in checked), use_tqdm)
         except BaseException:
             for request_id in request_ids:
                 self.abort_request(request_id)
@@ -286,16 +292,18 @@ class LLMEngine:
                 bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
         return results
 
-    def _validate_batch(
+    def _check_batch(
         self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None
-    ) -> list[SamplingParams]:
-        """Check every prompt and its params before any is queued, so bad input leaves no trace."""
+    ) -> list[tuple[SamplingParams, StopChecker]]:
+        """Each prompt's params and finish rules, every prompt checked before any is queued, so bad input
+        leaves no trace."""
         if self.scheduler.has_unfinished():
             raise ValueError("requests from add_request are still running: step() them to the end first")
         params_list = params_per_prompt(prompt_token_ids, params)
-        for prompt, p in zip(prompt_token_ids, params_list, strict=True):
-            self._validate_request(prompt, p)
-        return params_list
+        return [
+            (p, self._check_request(prompt, p))
+            for prompt, p in zip(prompt_token_ids, params_list, strict=True)
+        ]
 
     def continue_request(
         self, completion: Completion, new_token_ids: list[int], params: SamplingParams
