@@ -16,7 +16,7 @@ from kernels.backend import HAS_TRITON
 from kernels.cpu_threads import adapt_cpu_threads
 from rollout_engine.block_manager import BlockManager
 from rollout_engine.kv_pool import commits_on_write
-from rollout_engine.lora import LoraAdapter, lora_layers
+from rollout_engine.lora import LoraAdapter
 from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
 from rollout_engine.model_runner import ModelRunner, order_for_step
 from rollout_engine.models import build_paged_model, unwrap_model
@@ -27,6 +27,7 @@ from rollout_engine.sampling_params import SamplingParams
 from rollout_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from rollout_engine.sequence import Sequence
 from rollout_engine.stopping import StopChecker
+from rollout_engine.sync_contract import lora_layers
 
 logger = logging.getLogger(__name__)
 

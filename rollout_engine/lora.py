@@ -9,30 +9,20 @@ Projections that read the same input (q/k/v, gate/up) and share a rank and scale
 buffers are rows of one stacked tensor, so a single shrink serves them all. On the CPU the kernels read
 transposed copies of the buffers (kernels.lora.StackedLora), re-derived whenever a version is adopted.
 
-Names follow the weight-sync contract: the HF module path of the base Linear plus `.lora_A` / `.lora_B`, e.g.
-`model.layers.0.self_attn.q_proj.lora_A`.
+Names follow the weight-sync contract (sync_contract.py): the HF module path of the base Linear plus `.lora_A`
+/ `.lora_B`, e.g. `model.layers.0.self_attn.q_proj.lora_A`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from kernels.lora import StackedLora, lora_shrink_expand
-
-
-class TensorSpec(NamedTuple):
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+from rollout_engine.sync_contract import active_adapter, copy_update, lora_layers
 
 
 @dataclass(slots=True)
@@ -61,75 +51,6 @@ class LoraGroup:
 
     positions: tuple[int, ...]
     weights: StackedLora
-
-
-def is_lora_layer(module: nn.Module) -> bool:
-    """A peft LoRA layer (duck-typed, so the engine imports no peft): per-adapter lora_A/lora_B/scaling."""
-    return all(hasattr(module, name) for name in ("lora_A", "lora_B", "scaling", "get_base_layer"))
-
-
-def lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(HF module path, peft LoRA layer) of every adapted Linear; empty for a model without an adapter."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return [(name, module) for name, module in base.named_modules() if is_lora_layer(module)]
-
-
-def active_adapter(model: nn.Module) -> str:
-    adapter = getattr(model, "active_adapter", None)
-    if not isinstance(adapter, str):
-        raise ValueError(f"the engine serves exactly one active LoRA adapter, found {adapter!r}")
-    return adapter
-
-
-def tensor_specs(named: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:
-    """Shape and dtype of each named tensor, in order."""
-    return {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in named.items()}
-
-
-def check_update(
-    named: Mapping[str, torch.Tensor], specs: Mapping[str, TensorSpec], version: int, last: int
-) -> None:
-    """Raise a ValueError naming the first problem if `named` cannot replace the buffers of `specs`."""
-    if not isinstance(version, int) or version <= last:
-        raise ValueError(f"LoRA version {version!r} must be an int above the last pushed version {last}.")
-    unknown = [name for name in named if name not in specs]
-    if unknown:
-        raise ValueError(
-            f"LoRA update v{version} names {len(unknown)} tensor(s) the receiver does not hold, "
-            f"e.g. {unknown[0]!r}. Names are the base Linear's module path plus .lora_A/.lora_B "
-            "(rl.lora.lora_tensors); build the receiver with the same target_modules."
-        )
-    missing = [name for name in specs if name not in named]
-    if missing:
-        raise ValueError(
-            f"LoRA update v{version} lacks {len(missing)} tensor(s) the receiver holds, e.g. {missing[0]!r}: "
-            "push every tensor of rl.lora.lora_tensors(model)."
-        )
-    for name, spec in specs.items():
-        tensor = named[name]
-        if tuple(tensor.shape) != spec.shape:
-            raise ValueError(
-                f"LoRA tensor {name!r} has shape {tuple(tensor.shape)} but the receiver's buffer is "
-                f"{spec.shape}: the rank or model differs between trainer and receiver."
-            )
-        if tensor.dtype != spec.dtype:
-            raise ValueError(
-                f"LoRA tensor {name!r} is {tensor.dtype} but the receiver's buffer is {spec.dtype}: "
-                "cast the adapter or build the receiver in the same dtype."
-            )
-
-
-def copy_update(
-    buffers: Mapping[str, torch.Tensor], named: Mapping[str, torch.Tensor], version: int, last: int
-) -> int:
-    """Validate everything, then copy `named` into `buffers` in place; returns the bytes copied."""
-    check_update(named, tensor_specs(buffers), version, last)
-    names = list(buffers)
-    with torch.no_grad():
-        torch._foreach_copy_([buffers[n] for n in names], [named[n] for n in names])
-    for device in {t.device for t in buffers.values() if t.device.type == "cuda"}:
-        torch.cuda.synchronize(device)
-    return sum(spec.nbytes for spec in tensor_specs(buffers).values())
 
 
 class LoraAdapter:

@@ -17,7 +17,7 @@ from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from rl.settings import ConfigError
-from rollout_engine.lora import active_adapter, lora_layers
+from rollout_engine.sync_contract import active_adapter, lora_layers
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TARGET_SHORTHANDS = {

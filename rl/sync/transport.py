@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rollout_engine.lora import TensorSpec, check_update, copy_update, tensor_specs
+from rollout_engine.sync_contract import TensorSpec, check_update, copy_update, tensor_specs
 
 NamedTensors = Mapping[str, torch.Tensor]
 

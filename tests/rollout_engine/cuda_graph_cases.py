@@ -4,12 +4,13 @@ import random
 
 import torch
 
-from rollout_engine.lora import LoraAdapter, lora_layers
+from rollout_engine.lora import LoraAdapter
 from rollout_engine.model_runner import ModelRunner, order_for_step
 from rollout_engine.models import StepInputs, build_paged_model
 from rollout_engine.sampling_params import SamplingParams
 from rollout_engine.scheduler import ScheduledSeq
 from rollout_engine.sequence import Sequence
+from rollout_engine.sync_contract import lora_layers
 
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 64
