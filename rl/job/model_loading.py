@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from envs.cache import cache_dir
+from rl.job.attention import SDPA_GQA
 from rollout_engine.models import SUPPORTED_MODEL_TYPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -111,6 +112,8 @@ def load_model(
         raise ModelLoadError(f"unknown model '{name}'; choose model= one of: {', '.join(MODEL_NAMES)}")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if torch_device.type == "cpu" and model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(SDPA_GQA)  # the same attention, without copies of the KV heads
     return model.to(torch_device).eval(), tokenizer
 
 
