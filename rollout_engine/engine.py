@@ -277,6 +277,7 @@ class LLMEngine:
             for request_id in request_ids:
                 self.abort_request(request_id)
             raise
+        self.runner.kv_bytes_resident()  # the pool's high-water mark is reached by the end of a call
         return [results[request_id] for request_id in request_ids]
 
     def _run_to_completion(
@@ -348,9 +349,10 @@ class LLMEngine:
 
     def stats(self) -> dict[str, int | list[int]]:
         """Block usage now and at peak, sharing and cache counters, the KV pool's size in bytes (reserved,
-        and held in memory now: on the CPU the pool takes pages as blocks are written), and the CUDA
-        graphs: captured batch sizes, their measured memory (and the amount reserved for them when the
-        pool was sized), and how many steps replayed one."""
+        held in memory now and at most: on the CPU the pool takes pages as blocks are written and gives
+        free blocks' pages back at each prefix-cache reset), and the CUDA graphs: captured batch sizes,
+        their measured memory (and the amount reserved for them when the pool was sized), and how many
+        steps replayed one."""
         bm = self.block_manager
         graphs = self.runner.graphs
         return {
@@ -365,6 +367,7 @@ class LLMEngine:
             "num_generated_tokens": self.num_generated_tokens,
             "kv_bytes_total": self.runner.kv_bytes_total,
             "kv_bytes_resident": self.runner.kv_bytes_resident(),
+            "kv_bytes_resident_peak": self.runner.kv_bytes_resident_peak,
             "kv_bytes_per_block": self.runner.kv_bytes_total // bm.num_blocks,
             "cuda_graph_sizes": list(graphs.sizes) if graphs is not None else [],
             "cuda_graph_bytes": graphs.nbytes if graphs is not None else 0,

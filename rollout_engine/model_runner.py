@@ -37,6 +37,7 @@ class ModelRunner:
         )
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_pool]
         self.graphs: DecodeGraphs | None = None
+        self.kv_bytes_resident_peak = 0  # the most kv_bytes_resident measured, and measured before a release
 
     @property
     def kv_bytes_total(self) -> int:
@@ -44,11 +45,16 @@ class ModelRunner:
         return self.kv_pool.numel() * self.kv_pool.element_size()
 
     def kv_bytes_resident(self) -> int:
-        """Bytes of the pool held in memory now (on the CPU, the pages written so far)."""
-        return resident_bytes(self.kv_pool)
+        """Bytes of the pool held in memory now (on the CPU, the pages written since they were last
+        released)."""
+        resident = resident_bytes(self.kv_pool)
+        self.kv_bytes_resident_peak = max(self.kv_bytes_resident_peak, resident)
+        return resident
 
     def release_blocks(self, block_ids: list[int]) -> None:
-        """Give the memory of free blocks back to the system (a CPU pool; see kv_pool.py)."""
+        """Give the memory of free blocks back to the system (a CPU pool; see kv_pool.py). The pool only
+        grows between releases, so measuring it here and after each generate call records its peak."""
+        self.kv_bytes_resident()
         release_blocks(self.kv_pool, block_ids)
 
     def copy_blocks(self, copies: list[CopyPair]) -> None:

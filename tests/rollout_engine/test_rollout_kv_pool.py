@@ -123,7 +123,7 @@ def test_engine_holds_the_blocks_it_handed_out_and_gives_them_back_at_a_reset(mo
     assert small < large < reserved / 100
     # after a weight update the old blocks' memory goes back, and the same load reuses the same blocks
     engine.reset_prefix_cache()
-    assert engine.stats()["kv_bytes_resident"] == 0
+    assert engine.stats()["kv_bytes_resident"] == 0 and engine.stats()["kv_bytes_resident_peak"] == large
     again = generate(6, seed=2)
     assert handed_out[2] <= handed_out[0] | handed_out[1] and len(handed_out[2]) == len(handed_out[1])
     assert again == len(handed_out[2]) * per_block
@@ -150,7 +150,7 @@ def test_a_reset_while_a_request_runs_keeps_its_kv_and_releases_the_rest():
             engine.reset_prefix_cache()  # the short request's cached blocks are released mid-run
             assert engine.stats()["kv_bytes_resident"] < before
             results["released"] = True
-    assert "released" in results
+    assert "released" in results and engine.stats()["kv_bytes_resident_peak"] >= before
     assert results[running_id].samples[0].token_ids == hf_greedy(model, running, 40)
 
 
