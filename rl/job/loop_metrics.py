@@ -118,11 +118,16 @@ def engine_metrics(engine: Any, before: dict[str, int], generate_s: float) -> di
 
 
 def memory_metrics(engine: Any) -> dict[str, float]:
-    """Peak trainer memory (CUDA allocator, or the process's peak RSS on CPU) and the engine's KV pool."""
+    """Peak trainer memory (CUDA allocator, or the process's peak RSS on CPU), and the engine's KV pool: the
+    most it held (resident pages on the CPU) and what it reserved."""
     if torch.cuda.is_available():
         trainer_peak = torch.cuda.max_memory_allocated()
     else:
         scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
         trainer_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-    engine_bytes = engine.stats()["kv_bytes_total"]
-    return {"memory/trainer_peak_gb": trainer_peak / 2**30, "memory/engine_gb": engine_bytes / 2**30}
+    stats = engine.stats()
+    return {
+        "memory/trainer_peak_gb": trainer_peak / 2**30,
+        "memory/engine_gb": stats["kv_bytes_resident_peak"] / 2**30,
+        "memory/engine_reserved_gb": stats["kv_bytes_total"] / 2**30,
+    }

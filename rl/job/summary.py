@@ -118,6 +118,7 @@ def summary_text(summary: dict[str, Any], history: Sequence[dict[str, float]], t
         last = history[-1]
         lines.append(
             f"peak memory: trainer {last['memory/trainer_peak_gb']:.2f} GB, "
-            f"engine KV pool {last['memory/engine_gb']:.2f} GB"
+            f"engine KV pool {last['memory/engine_gb']:.2f} GB held of "
+            f"{last['memory/engine_reserved_gb']:.2f} GB reserved"
         )
     return "\n".join(lines)

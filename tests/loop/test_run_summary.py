@@ -10,7 +10,13 @@ from rl.job.summary import EvalPoint, run_summary, summary_text, write_summary
 
 
 def history_step(reward, **extra):
-    return {"reward": reward, "memory/trainer_peak_gb": 1.25, "memory/engine_gb": 0.5, **extra}
+    return {
+        "reward": reward,
+        "memory/trainer_peak_gb": 1.25,
+        "memory/engine_gb": 0.5,
+        "memory/engine_reserved_gb": 7.75,
+        **extra,
+    }
 
 
 def result(accuracy, reward=0.0, num_tasks=200, family=None):
@@ -54,7 +60,7 @@ def test_summary_keys_separate_the_warm_start_from_grpo(tmp_path):
     assert "  filter                    0.000  0.500     60" in text
     assert "train reward (mean per 1 step(s)): 0.10 0.30" in text
     assert "sft 30s (30%)" in text and "train 40s (40%)" in text and "(wall 1500s)" in text
-    assert "peak memory: trainer 1.25 GB, engine KV pool 0.50 GB" in text
+    assert "peak memory: trainer 1.25 GB, engine KV pool 0.50 GB held of 7.75 GB reserved" in text
 
 
 def test_without_a_warm_start_grpo_starts_at_the_base_and_a_resume_knows_neither():

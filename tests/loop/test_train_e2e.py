@@ -55,6 +55,7 @@ METRIC_NAMES = (
     "time/sync",
     "memory/trainer_peak_gb",
     "memory/engine_gb",
+    "memory/engine_reserved_gb",
     "eval/accuracy",
 )
 
