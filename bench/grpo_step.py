@@ -26,7 +26,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from json_line import emit
 from omegaconf import OmegaConf
+from peer_process import run_peer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -147,21 +147,6 @@ def trl_job(cfg) -> dict:
     }
 
 
-def run_trl(request: dict, trl_python: Path) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
-        request_path.write_text(json.dumps(request))
-        done = subprocess.run(
-            [str(trl_python), str(WORKER), str(request_path), str(result_path)],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0 or not result_path.exists():
-            tail = (done.stdout + done.stderr)[-4000:]
-            sys.exit(f"TRL's arm failed (exit {done.returncode}); its last output:\n{tail}")
-        return json.loads(result_path.read_text())
-
-
 def mean(steps: list[dict], key: str) -> float:
     return statistics.fmean(step[key] for step in steps)
 
@@ -180,7 +165,7 @@ def main() -> None:
         ours, draws = run_ours(cfg)
     gc.collect()  # our engine's KV pool goes before TRL's process starts
     request = {"job": trl_job(cfg), "steps": draws, "threads": args.threads, "stop": args.trl_stop}
-    peer = run_trl(request, args.trl_python)
+    peer = run_peer("TRL's arm", args.trl_python, WORKER, request)
     theirs = peer["steps"]
 
     print(

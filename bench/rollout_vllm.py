@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from json_line import emit
+from peer_process import run_peer
 from rollout import chat_prompts, run_engine
 
 from rl.job.model_loading import load_model, smollm2_checkpoint_dir
@@ -68,22 +66,6 @@ def vllm_env(vllm_python: Path, threads: int, kv_gib: int) -> tuple[dict[str, st
         LD_PRELOAD=":".join(preload),
     )
     return env, preload
-
-
-def run_vllm(request: dict, env: dict[str, str], vllm_python: Path) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
-        request_path.write_text(json.dumps(request))
-        done = subprocess.run(
-            [str(vllm_python), str(WORKER), str(request_path), str(result_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0 or not result_path.exists():
-            tail = (done.stdout + done.stderr)[-4000:]
-            sys.exit(f"vLLM failed (exit {done.returncode}); its last output:\n{tail}")
-        return json.loads(result_path.read_text())
 
 
 def main() -> None:
@@ -124,7 +106,7 @@ def main() -> None:
         max_tokens=args.max_tokens,
     )
     peers = {
-        size: run_vllm({**request, "block_size": size}, env, args.vllm_python)
+        size: run_peer("vLLM", args.vllm_python, WORKER, {**request, "block_size": size}, env)
         for size in args.vllm_block_sizes
     }
 
