@@ -237,14 +237,19 @@ def decode_step_gflops(engine: LLMEngine, model, prompts, group_size: int) -> tu
     return engine_matmul_flops(model, batch, batch) / seconds / 1e9, batch
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rollout workload's options, shared with the peer benchmark (bench/rollout_vllm.py)."""
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--kv-budget-gib", type=float, default=4.0, help="memory_budget_bytes for the engine")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_arguments(parser)
+    parser.add_argument("--kv-budget-gib", type=float, default=4.0, help="memory_budget_bytes for the engine")
     parser.add_argument("--profile", action="store_true", help="print the engine's top ops (torch.profiler)")
     parser.add_argument("--random-weights", action="store_true", help="random SmolLM2-shaped model, no files")
     parser.add_argument("--prompt-tokens", type=int, default=0, help="pad prompts with random tokens to this")

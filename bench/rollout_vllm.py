@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from json_line import emit
 from peer_process import run_peer
-from rollout import chat_prompts, run_engine
+from rollout import add_workload_arguments, chat_prompts, run_engine
 
 from rl.job.model_loading import load_model, smollm2_checkpoint_dir
 from rollout_engine import LLMEngine
@@ -70,14 +70,10 @@ def vllm_env(vllm_python: Path, threads: int, kv_gib: int) -> tuple[dict[str, st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
+    add_workload_arguments(parser)
     parser.add_argument(
         "--kv-budget-gib", type=int, default=4, help="our memory_budget_bytes and vLLM's KV space"
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python")
     parser.add_argument("--vllm-block-sizes", type=int, nargs="+", default=[32, 128])
     args = parser.parse_args()
