@@ -7,7 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu_threads import adapt_cpu_threads
+from rl.algo.attention import SDPA_GQA
 from rl.algo.lora_fused import fused_lora
+
+# attention implementations that apply a 4D additive attention mask as given
+CUSTOM_MASK_ATTENTION = ("eager", "sdpa", SDPA_GQA)
 
 
 def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
@@ -36,38 +40,95 @@ def token_logprobs(
     t >= first_target are computed (earlier ones hold 0): the LM head and the softmax over the vocabulary
     then skip the prompt, which is most of a text-to-SQL row.
 
-    When every row starts with the same tokens (the G samples of one GRPO prompt), that shared prefix runs
-    once and its KV cache is repeated over the rows: the same logprobs and, through the cache, the same
-    gradients, for a fraction of the compute. Plain LoRA projections run fused (`rl.algo.lora_fused`).
+    When right-padded rows start with the same tokens (the G samples of one GRPO prompt), that shared prefix
+    runs once, and the rest of the rows run packed after it without their padding: the same logprobs and,
+    through the prefix's KV cache, the same gradients, for a fraction of the compute; targets on padding
+    then hold 0. Plain LoRA projections run fused (`rl.algo.lora_fused`).
     """
     if temperature <= 0.0:
         raise ValueError(f"temperature must be > 0 to define logprobs, got {temperature}")
     if input_ids.device.type == "cpu":
         adapt_cpu_threads()  # the backward that follows runs with the same threads
     attention_mask = attention_mask.long()
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    num_targets = input_ids.size(1) - first_target
     shared = shared_prefix_length(input_ids, attention_mask, limit=first_target - 1)
     with fused_lora(model):
-        past = _prefix_cache(model, input_ids[:1, :shared], input_ids.size(0)) if shared else None
-        out = model(
-            input_ids=input_ids[:, shared:],
-            attention_mask=attention_mask,
-            position_ids=position_ids[:, shared:],
-            cache=past,
-            use_cache=past is not None,
-            logits_to_keep=num_targets + 1,
-        )
-    logits = out.logits[:, :-1].float() / temperature  # [B, num_targets, V]
-    log_norm = logits.logsumexp(dim=-1)  # [B, num_targets]
-    picked = logits.gather(-1, input_ids[:, first_target:, None]).squeeze(-1) - log_norm
-    first = picked.new_zeros(picked.size(0), first_target)
+        if shared and _right_padded(attention_mask) and _takes_custom_masks(model):
+            rows, cols, logits = _packed_group_logits(model, input_ids, attention_mask, shared, first_target)
+        else:
+            rows, cols, logits = _padded_logits(model, input_ids, attention_mask, first_target)
+    logits = logits.float() / temperature  # [num_targets, V]
+    log_norm = logits.logsumexp(dim=-1)
+    picked = logits.gather(-1, input_ids[rows, cols, None])[:, 0] - log_norm
+    logprobs = log_norm.new_zeros(input_ids.shape).index_put((rows, cols), picked)
     entropy = None
     if with_entropy:
         with torch.no_grad():
             expected_logit = (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-            entropy = torch.cat([first, log_norm - expected_logit], dim=1)
-    return TokenLogprobs(logprobs=torch.cat([first, picked], dim=1), entropy=entropy)
+            entropy = torch.zeros_like(logprobs).index_put_((rows, cols), log_norm - expected_logit)
+    return TokenLogprobs(logprobs=logprobs, entropy=entropy)
+
+
+def _right_padded(attention_mask: torch.Tensor) -> bool:
+    """Every row attends to a run of leading columns and nothing after it."""
+    lengths = attention_mask.sum(dim=1, keepdim=True)
+    columns = torch.arange(attention_mask.size(1), device=attention_mask.device)
+    return bool((attention_mask.bool() == (columns < lengths)).all().item())
+
+
+def _takes_custom_masks(model: torch.nn.Module) -> bool:
+    """The model's attention applies a 4D additive mask as given (flash-attention and flex do not)."""
+    return unwrap_ddp(model).config._attn_implementation in CUSTOM_MASK_ATTENTION
+
+
+def _padded_logits(model, input_ids, attention_mask, first_target: int):
+    """Logits of every row at columns first_target-1 .. T-2 (padding included), as (rows, target columns,
+    logits [num_targets, V]), from one forward of the padded batch."""
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    num_targets = input_ids.size(1) - first_target
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=num_targets + 1,
+    )
+    batch = input_ids.size(0)
+    rows = torch.arange(batch, device=input_ids.device).repeat_interleave(num_targets)
+    cols = torch.arange(first_target, input_ids.size(1), device=input_ids.device).repeat(batch)
+    return rows, cols, out.logits[:, :-1].reshape(batch * num_targets, -1)
+
+
+def _packed_group_logits(model, input_ids, attention_mask, shared: int, first_target: int):
+    """Logits of the attended targets of right-padded rows that share their first `shared` tokens.
+
+    The prefix runs once, into a KV cache of one row; then the rows' remaining tokens run as one packed
+    row after it, without padding: a mask lets each row's tokens see the prefix and the earlier tokens of
+    their own row, and each keeps the positions it had in its row. Gradients reach the prefix's
+    computation through the cache.
+    """
+    lengths = attention_mask.sum(dim=1)
+    device = input_ids.device
+    suffix = torch.arange(input_ids.size(1), device=device) >= shared
+    keep = attention_mask.bool() & suffix  # [B, T]: the packed tokens, row by row
+    rows, cols = keep.nonzero(as_tuple=True)
+    packed_ids = input_ids[rows, cols][None]  # [1, N]
+    same_row = rows[:, None] == rows[None, :]
+    causal = torch.ones(len(rows), len(rows), dtype=torch.bool, device=device).tril()
+    sees = torch.cat([same_row.new_ones(len(rows), shared), same_row & causal], dim=1)  # [N, shared + N]
+    # additive, as eager attention adds it to the scores; SDPA takes it alike
+    dtype = unwrap_ddp(model).get_input_embeddings().weight.dtype
+    mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(~sees, torch.finfo(dtype).min)
+    # logits at packed token j predict the token after it in its row, when that is a target
+    predicts = (cols + 1 < lengths[rows]) & (cols + 1 >= first_target)
+    cache = _prefix_cache(unwrap_ddp(model), input_ids[:1, :shared])
+    out = model(
+        input_ids=packed_ids,
+        attention_mask=mask[None, None],
+        position_ids=cols[None],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=predicts.nonzero()[:, 0],
+    )
+    return rows[predicts], cols[predicts] + 1, out.logits[0]
 
 
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
@@ -80,15 +141,11 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return int(same.long().cumprod(dim=0).sum().item())
 
 
-def _prefix_cache(model: torch.nn.Module, prefix_ids: torch.Tensor, num_rows: int):
-    """The KV cache of `prefix_ids` [1, P], repeated to `num_rows` rows (differentiable).
+def _prefix_cache(inner: torch.nn.Module, prefix_ids: torch.Tensor):
+    """The KV cache of `prefix_ids` [1, P] (differentiable).
 
     Runs the inner module of a DistributedDataParallel wrapper: DDP's forward must run once per backward,
     and its gradient hooks fire for the prefix's contribution all the same.
     """
-    inner = unwrap_ddp(model)
     positions = torch.arange(prefix_ids.size(1), device=prefix_ids.device)[None]
-    out = inner(input_ids=prefix_ids, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache = out.cache
-    cache.batch_repeat_interleave(num_rows)
-    return cache
+    return inner(input_ids=prefix_ids, position_ids=positions, use_cache=True, logits_to_keep=1).cache

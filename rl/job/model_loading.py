@@ -29,7 +29,7 @@ from transformers import (
 )
 
 from envs.cache import cache_dir
-from rl.job.attention import SDPA_GQA
+from rl.algo.attention import SDPA_GQA
 from rollout_engine.models import SUPPORTED_MODEL_TYPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,11 +1,11 @@
-"""The trainer's CPU attention (rl.job.attention) gives transformers' eager attention's logprobs and
+"""The trainer's CPU attention (rl.algo.attention) gives transformers' eager attention's logprobs and
 gradients, through padding and the shared-prefix cache, without saving a copy of the KV heads per query
 head."""
 
 import torch
 
+from rl.algo.attention import SDPA_GQA
 from rl.algo.logprobs import token_logprobs
-from rl.job.attention import SDPA_GQA
 from rl.job.model_loading import build_tiny_model, load_model
 
 
@@ -61,9 +61,11 @@ def test_the_backward_keeps_the_kv_heads_once():
     model.set_attn_implementation("sdpa")
     copied = saved_bytes(model, ids, mask)
     model.set_attn_implementation(SDPA_GQA)
-    # per layer, K and V of 4 rows x 32 positions x 16 dims (fp32) were kept for 4 query heads, now for 2
+    # per layer, K and V of the packed row x 16 dims (fp32) were kept for 4 query heads, now for 2. The row:
+    # 19 shared positions (the 20th, the prompt's last, yields the first target's logits), then each row's
+    # remaining 13 + 10 + 13 + 6 tokens
     config = model.config
     head_dim = config.hidden_size // config.num_attention_heads
-    per_head = config.num_hidden_layers * 2 * 4 * 32 * head_dim * 4
+    per_head = config.num_hidden_layers * 2 * (19 + 42) * head_dim * 4
     extra_heads = config.num_attention_heads - config.num_key_value_heads
     assert copied - saved_bytes(model, ids, mask) == extra_heads * per_head

@@ -99,9 +99,9 @@ def test_group_rows_share_the_prompt_forward_with_equal_logprobs_and_gradients(m
     hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
     _, shared_total, shared_grads = objective_and_grads(model, [slice(0, 4)])
     hook.remove()
-    # one forward of the 8 shared columns, then each row's remaining columns
-    width = batch.input_ids.size(1)
-    assert seen == [torch.Size([1, 8]), torch.Size([4, width - 8])]
+    # one forward of the 8 shared columns, then every row's remaining tokens packed into one row, no padding
+    packed = 4 * (len(prompt) - 8) + sum(map(len, completions))
+    assert seen == [torch.Size([1, 8]), torch.Size([1, packed])]
     _, alone_total, alone_grads = objective_and_grads(model, [slice(r, r + 1) for r in range(4)])
     torch.testing.assert_close(shared_total, alone_total, atol=1e-5, rtol=1e-5)
     for name, grad in alone_grads.items():

@@ -1,6 +1,6 @@
 """The trainer model's attention on the CPU: transformers' SDPA attention without copies of the KV heads.
 
-With grouped-query attention and a mask (padding, or the shared-prefix cache of `rl.logprobs`), transformers
+With grouped-query attention and a mask (padding, or the packed rows of `rl.algo.logprobs`), transformers
 copies every KV head once per query head before it calls SDPA, and autograd keeps those copies for the
 backward in every layer: for SmolLM2 (9 query heads over 3 KV heads) about 300 MiB for a GRPO micro-batch of
 8 samples. SDPA broadcasts the KV heads itself (`enable_gqa`) with the same result, faster. The CUDA path
