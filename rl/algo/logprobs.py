@@ -56,16 +56,41 @@ def token_logprobs(
             rows, cols, logits = _packed_group_logits(model, input_ids, attention_mask, shared, first_target)
         else:
             rows, cols, logits = _padded_logits(model, input_ids, attention_mask, first_target)
-    logits = logits.float() / temperature  # [num_targets, V]
-    log_norm = logits.logsumexp(dim=-1)
-    picked = logits.gather(-1, input_ids[rows, cols, None])[:, 0] - log_norm
-    logprobs = log_norm.new_zeros(input_ids.shape).index_put((rows, cols), picked)
+    picked, entropy_values = TargetLogprobs.apply(logits, input_ids[rows, cols], temperature)
+    logprobs = picked.new_zeros(input_ids.shape).index_put((rows, cols), picked)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
-            expected_logit = (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-            entropy = torch.zeros_like(logprobs).index_put_((rows, cols), log_norm - expected_logit)
+        entropy = torch.zeros_like(logprobs).index_put_((rows, cols), entropy_values)
     return TokenLogprobs(logprobs=logprobs, entropy=entropy)
+
+
+class TargetLogprobs(torch.autograd.Function):
+    """(log softmax(logits / T)[target], entropy of softmax(logits / T)) per row of logits [K, V].
+
+    One pass keeps the softmax for the backward, whose gradient (onehot - softmax) * g / T is written
+    once: autograd's chain of divide, logsumexp and gather would sweep the [K, V] logits about twice as
+    often. The entropy is detached.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+        scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # bf16 -> fp32
+        log_norm = scaled.logsumexp(dim=-1)
+        probs = (scaled - log_norm[:, None]).exp_()
+        entropy = log_norm - (probs * scaled).sum(dim=-1)
+        picked = scaled.gather(-1, targets[:, None])[:, 0] - log_norm
+        ctx.save_for_backward(probs, targets)
+        ctx.temperature, ctx.dtype = temperature, logits.dtype
+        ctx.mark_non_differentiable(entropy)
+        return picked, entropy
+
+    @staticmethod
+    def backward(ctx, grad_picked: torch.Tensor, _grad_entropy: torch.Tensor):
+        probs, targets = ctx.saved_tensors
+        scale = grad_picked / ctx.temperature
+        grad = probs * -scale[:, None]
+        grad[torch.arange(len(targets), device=grad.device), targets] += scale
+        return grad.to(ctx.dtype), None, None
 
 
 def _right_padded(attention_mask: torch.Tensor) -> bool:

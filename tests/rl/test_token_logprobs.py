@@ -5,7 +5,7 @@ import copy
 import torch
 
 from rl.algo.batch import collate_rollouts
-from rl.algo.logprobs import shared_prefix_length, token_logprobs
+from rl.algo.logprobs import TargetLogprobs, shared_prefix_length, token_logprobs
 from rl.algo.trainer import batch_logprobs, first_loss_position, reference_logprobs
 
 
@@ -107,3 +107,20 @@ def test_group_rows_share_the_prompt_forward_with_equal_logprobs_and_gradients(m
     for name, grad in alone_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-6, rtol=1e-4)
     assert any(g.abs().max() > 1e-4 for g in alone_grads.values())
+
+
+def test_target_logprobs_match_autograd_log_softmax_in_value_entropy_and_gradient():
+    gen = torch.Generator().manual_seed(2)
+    logits = (3 * torch.randn(6, 50, generator=gen, dtype=torch.float64)).requires_grad_()
+    targets = torch.randint(0, 50, (6,), generator=gen)
+    upstream = torch.randn(6, generator=gen, dtype=torch.float64)
+    picked, entropy = TargetLogprobs.apply(logits, targets, 0.7)
+    (grad,) = torch.autograd.grad((picked * upstream).sum(), logits)
+    reference_logits = logits.detach().clone().requires_grad_()
+    log_probs = torch.log_softmax(reference_logits / 0.7, dim=-1)
+    expected = log_probs.gather(-1, targets[:, None])[:, 0]
+    (expected_grad,) = torch.autograd.grad((expected * upstream).sum(), reference_logits)
+    torch.testing.assert_close(picked, expected)
+    torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(-1).detach())
+    torch.testing.assert_close(grad, expected_grad)
+    assert not entropy.requires_grad
