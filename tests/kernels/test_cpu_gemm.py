@@ -1,0 +1,133 @@
+"""packed_linear against F.linear: the MKL-packed product on fp32 CPU tensors for any row count, a pack
+rebuilt when its weight is written in place or its data replaced and freed with its weight, and F.linear
+itself for everything the pack does not cover (few rows, other dtypes, inference tensors, autograd, the
+torch backend, bad shapes)."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import use_backend
+from kernels.cpu_gemm import HAS_MKL_PACKING, MIN_PACKED_ROWS, packed_linear, packed_weight_bytes
+
+requires_mkl = pytest.mark.skipif(
+    not HAS_MKL_PACKING, reason="this torch has no MKL (torch._C.has_mkl is false): packed_linear is F.linear"
+)
+
+
+def frozen_weight(out_features: int, in_features: int, gen: torch.Generator) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.randn(out_features, in_features, generator=gen), requires_grad=False)
+
+
+@requires_mkl
+@pytest.mark.parametrize("num_rows", [1, 7, 64, 200])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_equals_f_linear(num_rows, with_bias, gen):
+    weight = frozen_weight(96, 72, gen)
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    x = torch.randn(num_rows, 72, generator=gen)
+    before = packed_weight_bytes()
+    y = packed_linear(x, weight, bias)
+    torch.testing.assert_close(y, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+    packed = num_rows >= MIN_PACKED_ROWS
+    assert packed_weight_bytes() - before == (weight.nbytes if packed else 0)
+
+
+@requires_mkl
+def test_one_pack_serves_every_row_count_and_strided_inputs(gen):
+    weight = frozen_weight(40, 33, gen)
+    before = packed_weight_bytes()
+    for num_rows in (200, 5, 64, 13, 1, 129):
+        x = torch.randn(num_rows, 66, generator=gen)[:, ::2]  # not contiguous
+        torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+    assert packed_weight_bytes() - before == weight.nbytes
+
+
+@requires_mkl
+def test_an_in_place_update_is_seen_by_the_next_call(gen):
+    weight = frozen_weight(48, 32, gen)
+    x = torch.randn(16, 32, generator=gen)
+    packed_linear(x, weight)
+    with torch.no_grad():
+        weight.add_(1)
+    torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():
+        weight.mul_(-2)
+        torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+
+
+@requires_mkl
+def test_replaced_weight_data_is_seen_by_the_next_call(gen):
+    layer = torch.nn.Linear(32, 48)
+    x = torch.randn(16, 32, generator=gen)
+    with torch.no_grad():
+        packed_linear(x, layer.weight, layer.bias)
+        layer.weight.data = torch.randn(48, 32, generator=gen)
+        expected = F.linear(x, layer.weight, layer.bias)
+        torch.testing.assert_close(packed_linear(x, layer.weight, layer.bias), expected, atol=1e-5, rtol=1e-5)
+
+
+@requires_mkl
+def test_a_pack_made_in_inference_mode_serves_no_grad_calls_and_other_thread_counts(gen):
+    weight = frozen_weight(64, 48, gen)
+    x = torch.randn(9, 48, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            torch.set_num_threads(2)
+            packed_linear(x, weight)
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@requires_mkl
+def test_a_freed_weight_frees_its_pack(gen):
+    before = packed_weight_bytes()
+    weight = frozen_weight(64, 48, gen)
+    packed_linear(torch.randn(8, 48, generator=gen), weight)
+    assert packed_weight_bytes() - before == weight.nbytes
+    del weight
+    gc.collect()
+    assert packed_weight_bytes() == before
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_other_dtypes_fall_back_to_f_linear(dtype, gen):
+    weight = frozen_weight(48, 32, gen).to(dtype)
+    x = torch.randn(16, 32, generator=gen).to(dtype)
+    before = packed_weight_bytes()
+    torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=0, rtol=0)
+    assert packed_weight_bytes() == before
+
+
+def test_autograd_and_the_torch_backend_fall_back_to_f_linear(gen):
+    weight = torch.nn.Parameter(torch.randn(48, 32, generator=gen))
+    x = torch.randn(16, 32, generator=gen)
+    before = packed_weight_bytes()
+    packed_linear(x, weight).sum().backward()
+    torch.testing.assert_close(weight.grad, x.sum(0).expand(48, 32))
+    with torch.no_grad(), use_backend("torch"):
+        torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=0, rtol=0)
+    assert packed_weight_bytes() == before
+
+
+def test_a_weight_made_under_inference_mode_is_not_packed(gen):
+    with torch.inference_mode():
+        weight = torch.randn(48, 32, generator=gen)  # no version counter: its writes could not be seen
+        x = torch.randn(16, 32, generator=gen)
+        before = packed_weight_bytes()
+        torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=0, rtol=0)
+        assert packed_weight_bytes() == before
+
+
+def test_mismatched_shapes_raise_f_linears_error(gen):
+    weight = frozen_weight(48, 32, gen)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        packed_linear(torch.randn(16, 31, generator=gen), weight)
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        packed_linear(torch.randn(16, 32, generator=gen), weight, torch.randn(47, generator=gen))
