@@ -13,6 +13,7 @@ from torch import nn
 from tqdm import tqdm
 
 from kernels.backend import HAS_TRITON
+from kernels.cpu_gemm import packed_weight_bytes
 from kernels.cpu_threads import adapt_cpu_threads
 from rollout_engine.block_manager import BlockManager
 from rollout_engine.kv_pool import commits_on_write
@@ -43,7 +44,8 @@ class _Request:
 class LLMEngine:
     """Paged rollout engine over a transformers Llama / Qwen2 / Qwen3 model (optionally peft-wrapped).
 
-    The engine reads the model's own weights (never copies them), keeps KV in one preallocated pool of
+    The engine reads the model's own weights at each step (on the CPU, fp32 projections through one MKL-packed
+    copy of each weight, re-packed when the weight changes), keeps KV in one preallocated pool of
     `block_size`-token blocks sized from `memory_fraction`, and batches continuously. On CUDA, decode-only
     steps replay CUDA graphs captured at start-up (see cuda_graphs.py) unless `enforce_eager=True` or
     triton is not installed; on the CPU the engine always runs eagerly.
@@ -351,8 +353,9 @@ class LLMEngine:
         """Block usage now and at peak, sharing and cache counters, the KV pool's size in bytes (reserved,
         held in memory now and at most: on the CPU the pool takes pages as blocks are written and gives
         free blocks' pages back at each prefix-cache reset), and the CUDA graphs: captured batch sizes,
-        their measured memory (and the amount reserved for them when the pool was sized), and how many
-        steps replayed one."""
+        their measured memory (and the amount reserved for them when the pool was sized), how many
+        steps replayed one, and the bytes of CPU weights packed for MKL in this process (all engines'
+        together: see kernels/cpu_gemm.py)."""
         bm = self.block_manager
         graphs = self.runner.graphs
         return {
@@ -373,4 +376,5 @@ class LLMEngine:
             "cuda_graph_bytes": graphs.nbytes if graphs is not None else 0,
             "cuda_graph_bytes_reserved": self.cuda_graph_bytes_reserved,
             "cuda_graph_replays": graphs.num_replays if graphs is not None else 0,
+            "packed_weight_bytes": packed_weight_bytes(),
         }

@@ -2,9 +2,11 @@
 
 The engine's own memory (KV pool, the activations of one max-size step, and on CUDA the decode graphs)
 stays under memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU).
-The model weights are shared with the trainer and are not counted. On CUDA the activations are
-measured with a dummy step (profiling.py) and the graphs by a trial capture (cuda_graphs.py) before the
-pool is sized; on CPU `activation_bytes` estimates the activations.
+The model weights are shared with the trainer and are not counted, nor is the engine's one packed copy of
+each fp32 CPU projection weight (kernels/cpu_gemm.py: the weights' size again, reported by
+engine.stats()['packed_weight_bytes']). On CUDA the activations are measured with a dummy step
+(profiling.py) and the graphs by a trial capture (cuda_graphs.py) before the pool is sized; on CPU
+`activation_bytes` estimates the activations.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
 import rollout_engine.engine as engine_module  # noqa: E402
+from kernels.cpu_gemm import HAS_MKL_PACKING  # noqa: E402
 from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
 from rollout_engine.sampling_params import MIN_TEMPERATURE  # noqa: E402
 
@@ -82,6 +83,23 @@ def test_engine_reads_the_hf_weights_in_place(llama):
     finally:
         with torch.no_grad():
             weight.copy_(saved)
+
+
+@pytest.mark.skipif(
+    not HAS_MKL_PACKING, reason="this torch has no MKL: the CPU projections are plain F.linear"
+)
+def test_engine_packs_each_cpu_weight_once():
+    model = make_tiny_model("llama", seed=2)
+    projections = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    engine = make_engine(model)
+    before = engine.stats()["packed_weight_bytes"]
+    greedy = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=[])
+    prompts = random_prompts([6, 9, 5, 7], seed=9)
+    first = [group.samples[0].token_ids for group in engine.generate(prompts, greedy)]
+    packed = engine.stats()["packed_weight_bytes"] - before
+    assert packed == sum(weight.nbytes for weight in projections.values())
+    again = [group.samples[0].token_ids for group in engine.generate(prompts, greedy)]
+    assert again == first and engine.stats()["packed_weight_bytes"] - before == packed  # the same packs
 
 
 def test_peft_wrapped_model_uses_the_base_weights(llama):
