@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu_threads import adapt_cpu_threads
-from rl.algo.attention import SDPA_GQA
+from rl.algo.attention import PACKED_ROWS, SDPA_GQA
 from rl.algo.lora_fused import fused_lora
 
 # attention implementations that apply a 4D additive attention mask as given
@@ -128,7 +128,8 @@ def _packed_group_logits(model, input_ids, attention_mask, shared: int, first_ta
     The prefix runs once, into a KV cache of one row; then the rows' remaining tokens run as one packed
     row after it, without padding: a mask lets each row's tokens see the prefix and the earlier tokens of
     their own row, and each keeps the positions it had in its row. Gradients reach the prefix's
-    computation through the cache.
+    computation through the cache. `rl.algo.attention` reads the rows' lengths instead of the mask and
+    attends each row to exactly those keys.
     """
     lengths = attention_mask.sum(dim=1)
     device = input_ids.device
@@ -152,6 +153,7 @@ def _packed_group_logits(model, input_ids, attention_mask, shared: int, first_ta
         cache=cache,
         use_cache=True,
         logits_to_keep=predicts.nonzero()[:, 0],
+        **{PACKED_ROWS: (shared, (lengths - shared).tolist())},
     )
     return rows[predicts], cols[predicts] + 1, out.logits[0]
 

@@ -43,29 +43,32 @@ def test_logprobs_and_gradients_match_eager_attention():
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def saved_bytes(model, ids, mask) -> int:
-    storages = {}  # by address, each kept alive so that no later tensor reuses its address
+def saved_shapes(model, ids, mask) -> list[tuple[int, ...]]:
+    shapes = []
 
     def pack(tensor):
-        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage()
+        shapes.append(tuple(tensor.shape))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         token_logprobs(model, ids, mask, first_target=20)
-    return sum(storage.nbytes() for storage in storages.values())
+    return shapes
 
 
 def test_the_backward_keeps_the_kv_heads_once():
     model = build_tiny_model("tiny_llama", vocab_size=300, seed=1)
     ids, mask = prefix_batch(300)
-    model.set_attn_implementation("sdpa")
-    copied = saved_bytes(model, ids, mask)
-    model.set_attn_implementation(SDPA_GQA)
-    # per layer, K and V of the packed row x 16 dims (fp32) were kept for 4 query heads, now for 2. The row:
-    # 19 shared positions (the 20th, the prompt's last, yields the first target's logits), then each row's
-    # remaining 13 + 10 + 13 + 6 tokens
     config = model.config
-    head_dim = config.hidden_size // config.num_attention_heads
-    per_head = config.num_hidden_layers * 2 * (19 + 42) * head_dim * 4
-    extra_heads = config.num_attention_heads - config.num_key_value_heads
-    assert copied - saved_bytes(model, ids, mask) == extra_heads * per_head
+    layers, heads, kv_heads = config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    # The packed row: 19 shared positions (the 20th, the prompt's last, yields the first target's logits),
+    # then the rows' remaining 13 + 10 + 13 + 6 tokens. transformers' SDPA keeps its K and V copied once per
+    # query head, in every layer.
+    model.set_attn_implementation("sdpa")
+    assert saved_shapes(model, ids, mask).count((1, heads, 19 + 42, head_dim)) == 2 * layers
+    model.set_attn_implementation(SDPA_GQA)
+    kept = saved_shapes(model, ids, mask)
+    assert not [shape for shape in kept if len(shape) == 4 and shape[1] == heads and shape[2] > 42]
+    # each row attends to its own keys: the shared positions and its tokens, once per KV head
+    for length, rows in ((13, 2), (10, 1), (6, 1)):
+        assert kept.count((1, kv_heads, 19 + length, head_dim)) == 2 * layers * rows
