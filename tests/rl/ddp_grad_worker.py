@@ -9,6 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rl.algo.losses import LossConfig
 from rl.algo.trainer import accumulate_gradients, batch_logprobs
+from rl.job.distributed import DistInfo, close_distributed
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
 
@@ -37,7 +38,8 @@ def main(out_dir: str) -> None:
         grads[loss_type] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         model.zero_grad(set_to_none=True)
     torch.save(grads, f"{out_dir}/rank{rank}.pt")
-    dist.destroy_process_group()
+    del ddp
+    close_distributed(DistInfo(rank, 2, rank, 2, "cpu"))
 
 
 if __name__ == "__main__":
