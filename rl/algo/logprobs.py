@@ -52,7 +52,7 @@ def token_logprobs(
     attention_mask = attention_mask.long()
     shared = shared_prefix_length(input_ids, attention_mask, limit=first_target - 1)
     with fused_lora(model):
-        if shared and _right_padded(attention_mask) and _takes_custom_masks(model):
+        if shared and _takes_custom_masks(model) and _right_padded(attention_mask):
             rows, cols, logits = _packed_group_logits(model, input_ids, attention_mask, shared, first_target)
         else:
             rows, cols, logits = _padded_logits(model, input_ids, attention_mask, first_target)

@@ -3,13 +3,12 @@
 import sys
 
 import torch
-import torch.distributed as dist
 from conftest import rollout_batch, tiny_llama, with_lora
 from torch.nn.parallel import DistributedDataParallel
 
 from rl.algo.losses import LossConfig
 from rl.algo.trainer import accumulate_gradients, batch_logprobs
-from rl.job.distributed import DistInfo, close_distributed
+from rl.job.distributed import close_distributed, init_distributed
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
 
@@ -22,8 +21,8 @@ def stale_old_logprobs(model, batch):
 
 def main(out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    info = init_distributed("cpu")
+    rank = info.rank
     model = with_lora(tiny_llama(), perturb=True)
     batch = rollout_batch()
     old = stale_old_logprobs(model, batch)
@@ -38,8 +37,8 @@ def main(out_dir: str) -> None:
         grads[loss_type] = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         model.zero_grad(set_to_none=True)
     torch.save(grads, f"{out_dir}/rank{rank}.pt")
-    del ddp
-    close_distributed(DistInfo(rank, 2, rank, 2, "cpu"))
+    del ddp  # freed while the group is still registered (see close_distributed)
+    close_distributed(info)
 
 
 if __name__ == "__main__":
