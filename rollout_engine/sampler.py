@@ -8,6 +8,10 @@ log_softmax(logits)[token].
 Sampling draws one uniform number per token from the sample's own `random.Random` (seeded with
 seed + sample index) and inverts the CDF of the filtered distribution, so a sample's tokens depend
 only on its logits and its seed, never on which other sequences share the batch.
+
+When no row truncates (top_k = -1, top_p = 1) and the logits are fp32 on CPU, the C kernel of
+kernels/sampling.py inverts the same CDF from the same uniforms in two passes over each row; the PyTorch
+code here is the reference, and runs everything else.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import random
 from dataclasses import dataclass
 
 import torch
+
+from kernels.sampling import cpu_sampling_supported, sample_rows_cpu
 
 _CDF_BLOCK = 1024
 
@@ -67,10 +73,18 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return (block * _CDF_BLOCK + inner).squeeze(1)
 
 
+def _uniforms(greedy_rows: list[bool], rngs: list[random.Random]) -> list[float]:
+    """One uniform per row from its own generator, in row order; greedy rows draw none."""
+    return [0.0 if g else rng.random() for g, rng in zip(greedy_rows, rngs, strict=True)]
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of logits [rows, vocab] (fp32); returns (token ids [rows], logprobs [rows])."""
     device = logits.device
     greedy_rows = [temperature == 0 for temperature in batch.temperatures]
+    truncates = any(k > 0 for k in batch.top_ks) or any(p < 1.0 for p in batch.top_ps)
+    if not truncates and cpu_sampling_supported(logits):
+        return sample_rows_cpu(logits, batch.temperatures, _uniforms(greedy_rows, batch.rngs))
     scales = [1.0 if g else t for g, t in zip(greedy_rows, batch.temperatures, strict=True)]
     scaled = (
         logits if all(s == 1.0 for s in scales) else logits / torch.tensor(scales, device=device)[:, None]
@@ -80,10 +94,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
         tokens = logits.argmax(dim=-1)
     else:
         filtered = probs
-        if any(k > 0 for k in batch.top_ks) or any(p < 1.0 for p in batch.top_ps):
+        if truncates:
             filtered = _filter_top_k_top_p(scaled, batch.top_ks, batch.top_ps).softmax(dim=-1)
-        uniforms = [0.0 if g else rng.random() for g, rng in zip(greedy_rows, batch.rngs, strict=True)]
-        tokens = _inverse_cdf(filtered, torch.tensor(uniforms, device=device, dtype=probs.dtype))
+        uniforms = torch.tensor(_uniforms(greedy_rows, batch.rngs), device=device, dtype=probs.dtype)
+        tokens = _inverse_cdf(filtered, uniforms)
         if any(greedy_rows):
             tokens = torch.where(torch.tensor(greedy_rows, device=device), logits.argmax(dim=-1), tokens)
     # A sampled (or argmax) token has a probability far above fp32's underflow, so its log is exact enough.
