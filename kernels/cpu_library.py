@@ -1,7 +1,9 @@
 """The C kernels of kernels/cpu/, built on first use with the machine's C compiler and loaded through ctypes.
 
-A library is compiled once per source (with the shared headers), compiler and machine (with -march=native,
-so it uses the CPU's vector units) into a cache directory, and later processes load the cached file. OpenMP
+A library is compiled once per source (with the shared headers), compiler, machine (with -march=native,
+so it uses the CPU's vector units, whose width kernels/cpu/vector.h picks) and extra flags into a cache
+directory, and later processes load the cached file. $PAGEDRL_CPU_FLAGS adds compiler flags: with
+`-mno-avx512f`, an AVX-512 machine builds and runs the AVX2 code (the tests check it that way too). OpenMP
 parallel loops share PyTorch's OpenMP runtime, so they use torch's threads (torch.set_num_threads) and no
 others. Without a compiler, or when a build fails, `load_library` warns once and returns None: the
 dispatchers then run the PyTorch references, which compute the same thing more slowly.
@@ -39,14 +41,19 @@ def _compiler() -> str | None:
     return next((path for path in map(shutil.which, filter(None, candidates)) if path), None)
 
 
+def _extra_flags() -> list[str]:
+    return os.environ.get("PAGEDRL_CPU_FLAGS", "").split()
+
+
 def _machine_key(compiler: str) -> str:
-    """What a -march=native build depends on besides its source: the compiler's version and the CPU."""
+    """What a -march=native build depends on besides its source: the compiler's version, the CPU and the
+    extra flags."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     cpu_flags = ""
     if Path("/proc/cpuinfo").exists():
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         cpu_flags = next((line for line in lines if line.startswith("flags")), "")
-    return "\n".join((compiler, version, platform.machine(), cpu_flags))
+    return "\n".join((compiler, version, platform.machine(), cpu_flags, *_extra_flags()))
 
 
 def _build(source: Path, compiler: str, target: Path) -> None:
@@ -57,7 +64,7 @@ def _build(source: Path, compiler: str, target: Path) -> None:
         built = Path(scratch) / target.name
         errors = ""
         for openmp in (["-fopenmp"], []):
-            command = [compiler, *_FLAGS, *openmp, "-o", str(built), str(source), "-lm"]
+            command = [compiler, *_FLAGS, *_extra_flags(), *openmp, "-o", str(built), str(source), "-lm"]
             result = subprocess.run(command, capture_output=True, text=True, timeout=300)
             if result.returncode == 0:
                 os.replace(built, target)

@@ -41,24 +41,23 @@ int silu_and_mul_f32(const float *gate, int64_t stride_gate, const float *up, in
     for (int row = 0; row < num_tokens; row++) {
         const float *g_row = gate + row * stride_gate, *u_row = up + row * stride_up;
         float *o_row = out + (int64_t)row * size;
-        for (int i = 0; i < size; i += 16) {
-            int count = size - i < 16 ? size - i : 16;
-            v16 g = {0}, u = {0};
-            if (count == 16) {
-                g = load16(g_row + i);
-                u = load16(u_row + i);
+        for (int i = 0; i < size; i += VLEN) {
+            int count = size - i < VLEN ? size - i : VLEN;
+            vf g = {0}, u = {0};
+            if (count == VLEN) {
+                g = loadv(g_row + i);
+                u = loadv(u_row + i);
             } else {
                 memcpy(&g, g_row + i, sizeof(float) * count);
                 memcpy(&u, u_row + i, sizeof(float) * count);
             }
-            v16 negative = (v16)((i16)g & (i16)(g < 0.0f));
-            v16 magnitude = g - negative - negative;              /* |g| */
-            v16 e = exp16(-magnitude);                            /* exp(-|g|) in (0, 1] */
-            v16 sigmoid_of_magnitude = 1.0f / (1.0f + e);         /* sigmoid(|g|) */
-            v16 sigmoid = (v16)(((i16)sigmoid_of_magnitude & (i16)(g >= 0.0f)) |
-                                ((i16)(e * sigmoid_of_magnitude) & (i16)(g < 0.0f)));
-            v16 value = g * sigmoid * u;
-            if (count == 16)
+            vf negative = (vf)((vi)g & (vi)(g < 0.0f));
+            vf magnitude = g - negative - negative;               /* |g| */
+            vf e = expv(-magnitude);                              /* exp(-|g|) in (0, 1] */
+            vf sigmoid_of_magnitude = 1.0f / (1.0f + e);          /* sigmoid(|g|) */
+            vf sigmoid = blend((vi)(g >= 0.0f), sigmoid_of_magnitude, e * sigmoid_of_magnitude);
+            vf value = g * sigmoid * u;
+            if (count == VLEN)
                 memcpy(o_row + i, &value, sizeof value);
             else
                 memcpy(o_row + i, &value, sizeof(float) * count);

@@ -3,8 +3,9 @@
  * before attending; this reads each cached row once, where it lies.
  *
  * A work item is (sequence, KV head): the query heads of that KV head (its GQA group) share every K/V row
- * it loads. Tokens are taken TILE at a time into an online softmax. The arithmetic is written in 16-float
- * vectors (GCC/Clang vector extensions), which the compiler maps onto the machine's vector registers.
+ * it loads. Tokens are taken a tile (one vector's worth, VLEN) at a time into an online softmax, and the next
+ * tile's rows are prefetched while one is computed: the rows of a sequence's blocks lie apart in the pool, so
+ * the hardware prefetcher cannot see them coming, and the kernel spends most of its time waiting on memory.
  */
 #include <math.h>
 #include <stdint.h>
@@ -13,65 +14,98 @@
 #include "vector.h"
 
 #define MAX_GROUP 64 /* query heads per KV head */
-#define MAX_CHUNKS 16 /* head_dim up to 16 * MAX_CHUNKS, in chunks of 16 */
-#define TILE 16 /* cached tokens per online-softmax step: one vector of scores */
+#define MAX_HEAD_DIM 256 /* a multiple of 16, up to this */
+#define MAX_CHUNKS (MAX_HEAD_DIM / VLEN)
+#define TILE VLEN /* cached tokens per online-softmax step: one vector of scores */
+#define LOG2_TILE (TILE == 16 ? 4 : 3)
+
+/* The tile's rows of one KV head, asked of the memory system ahead of their use. */
+static inline void prefetch_rows(const float *k, const float *v, int count, int64_t token_stride, int head_dim) {
+    for (int t = 0; t < count; t++)
+        for (int line = 0; line < head_dim; line += 16) { /* 16 floats: one 64-byte cache line */
+            __builtin_prefetch(k + t * token_stride + line);
+            __builtin_prefetch(v + t * token_stride + line);
+        }
+}
 
 /* The `group` query heads of one KV head (rows of q, q_head_stride apart) over the first context_len cached
  * tokens of one sequence; k_cache and v_cache point at that KV head's row of cache token 0. head_dim is a
- * multiple of 16 and at most 16 * MAX_CHUNKS; callers pass it as a constant where they can, so the loops over
- * its chunks unroll and a head's accumulators stay in registers. */
+ * multiple of 16 and at most MAX_HEAD_DIM; callers pass it as a constant where they can, so the loops over
+ * its chunks unroll. */
 static inline __attribute__((always_inline)) void attend_kv_head(
     const float *q, int64_t q_head_stride, const float *k_cache, const float *v_cache, const int32_t *table,
     int context_len, int64_t cache_block_stride, int64_t cache_token_stride, int group, int head_dim,
     int block_size, float scale, float *out) {
-    const int chunks = head_dim / 16;
-    v16 qs[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS];
+    const int chunks = head_dim / VLEN;
+    vf qs[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS];
     float row_max[MAX_GROUP], row_sum[MAX_GROUP];
     for (int g = 0; g < group; g++) {
         for (int c = 0; c < chunks; c++) {
-            qs[g][c] = load16(q + g * q_head_stride + 16 * c) * scale;
-            acc[g][c] = (v16){0};
+            qs[g][c] = loadv(q + g * q_head_stride + VLEN * c) * scale;
+            acc[g][c] = (vf){0};
         }
         row_max[g] = -INFINITY;
         row_sum[g] = 0.0f;
     }
-    int position = 0;
-    while (position < context_len) {
-        int offset = position % block_size;
-        int count = block_size - offset < context_len - position ? block_size - offset : context_len - position;
-        count = count < TILE ? count : TILE;
-        const float *k_tile = k_cache + (int64_t)table[position / block_size] * cache_block_stride
-                              + offset * cache_token_stride;
-        const float *v_tile = v_cache + (k_tile - k_cache);
+    /* a tile: up to TILE tokens from `position`, within one block */
+#define TILE_AT(position, k_tile, v_tile, count)                                                                \
+    int count = block_size - (position) % block_size;                                                          \
+    count = count < context_len - (position) ? count : context_len - (position);                               \
+    count = count < TILE ? count : TILE;                                                                       \
+    const float *k_tile = k_cache + (int64_t)table[(position) / block_size] * cache_block_stride              \
+                          + ((position) % block_size) * cache_token_stride;                                    \
+    const float *v_tile = v_cache + (k_tile - k_cache);
+    for (int position = 0; position < context_len;) {
+        TILE_AT(position, k_tile, v_tile, count)
+        if (position + count < context_len) {
+            TILE_AT(position + count, k_next, v_next, next_count)
+            prefetch_rows(k_next, v_next, next_count, cache_token_stride, head_dim);
+        }
         for (int g = 0; g < group; g++) {
-            float tile_max = row_max[g];
-            v16 tile = (v16){0} - INFINITY; /* tokens past count stay -inf and weigh 0 */
-            for (int t = 0; t < count; t++) {
-                const float *k = k_tile + t * cache_token_stride;
-                v16 even = qs[g][0] * load16(k), odd = (v16){0}; /* two chains of FMAs, not one */
-                for (int c = 1; c < chunks; c++) {
-                    if (c % 2) odd += qs[g][c] * load16(k + 16 * c);
-                    else even += qs[g][c] * load16(k + 16 * c);
+            /* Each token's products with q, folded into one vector of scores as they come (see fold), so that
+             * few vectors stay live: folded[l] holds the last 2^l tokens' partial sums until its partner. */
+            vf folded[LOG2_TILE], tile = {0};
+#pragma GCC unroll 16
+            for (int t = 0; t < TILE; t++) {
+                vf partial = {0}, odd = {0}; /* two chains of FMAs, not one */
+                if (t < count) {
+                    const float *k = k_tile + t * cache_token_stride;
+                    for (int c = 0; c < chunks; c++) {
+                        if (c % 2) odd += qs[g][c] * loadv(k + VLEN * c);
+                        else partial += qs[g][c] * loadv(k + VLEN * c);
+                    }
+                    partial += odd;
                 }
-                tile[t] = sum16(even + odd);
-                tile_max = tile[t] > tile_max ? tile[t] : tile_max;
+#pragma GCC unroll 4
+                for (int level = 0, width = TILE / 2; level < LOG2_TILE; level++, width /= 2) {
+                    if (!((t >> level) & 1)) {
+                        folded[level] = partial;
+                        break;
+                    }
+                    partial = fold(folded[level], partial, width);
+                    if (width == 1) tile = partial;
+                }
             }
-            float alpha = exp16((v16){0} + (row_max[g] - tile_max))[0]; /* 0 on the first tile */
-            tile = exp16(tile - tile_max);
+            tile = blend((vi)(LANES < count), tile, (vf){0} - INFINITY); /* tokens past count weigh 0 */
+            float tile_max = maxv(tile);
+            tile_max = tile_max > row_max[g] ? tile_max : row_max[g];
+            float alpha = expv((vf){0} + (row_max[g] - tile_max))[0]; /* 0 on the first tile */
+            tile = expv(tile - tile_max);
             float weights[TILE];
             memcpy(weights, &tile, sizeof tile);
-            row_sum[g] = row_sum[g] * alpha + sum16(tile);
+            row_sum[g] = row_sum[g] * alpha + sumv(tile);
             row_max[g] = tile_max;
-            v16 a[MAX_CHUNKS];
+            vf a[MAX_CHUNKS];
             for (int c = 0; c < chunks; c++) a[c] = acc[g][c] * alpha;
             for (int t = 0; t < count; t++) {
                 const float *v = v_tile + t * cache_token_stride;
-                for (int c = 0; c < chunks; c++) a[c] += weights[t] * load16(v + 16 * c);
+                for (int c = 0; c < chunks; c++) a[c] += weights[t] * loadv(v + VLEN * c);
             }
             for (int c = 0; c < chunks; c++) acc[g][c] = a[c];
         }
         position += count;
     }
+#undef TILE_AT
     for (int g = 0; g < group; g++) {
         float *o = out + g * head_dim;
         if (row_sum[g] == 0.0f) { /* no context: the output is zeros */
@@ -80,8 +114,8 @@ static inline __attribute__((always_inline)) void attend_kv_head(
         }
         float inv = 1.0f / row_sum[g];
         for (int c = 0; c < chunks; c++) {
-            v16 value = acc[g][c] * inv;
-            memcpy(o + 16 * c, &value, sizeof value);
+            vf value = acc[g][c] * inv;
+            memcpy(o + VLEN * c, &value, sizeof value);
         }
     }
 }
@@ -96,7 +130,7 @@ int paged_decode_f32(const float *q, int64_t q_seq_stride, int64_t q_head_stride
                      const int32_t *context_lens, float *out, int num_seqs, int num_heads, int num_kv_heads,
                      int head_dim, int block_size, int num_blocks, float scale) {
     int group = num_heads / num_kv_heads;
-    if (head_dim % 16 || head_dim > 16 * MAX_CHUNKS || group > MAX_GROUP) return -1;
+    if (head_dim % 16 || head_dim > MAX_HEAD_DIM || group > MAX_GROUP) return -1;
     for (int s = 0; s < num_seqs; s++)
         for (int b = 0; b < (context_lens[s] + block_size - 1) / block_size; b++)
             if (block_tables[s * table_stride + b] < 0 || block_tables[s * table_stride + b] >= num_blocks) return -2;

@@ -13,37 +13,36 @@
 #define MAX_BLOCKS 1024  /* a vocabulary of up to CDF_BLOCK * MAX_BLOCKS tokens: kernels/sampling.py's MAX_VOCAB */
 #define PARALLEL_MIN_ELEMENTS 32768 /* below this, one thread is faster than waking the others */
 
-/* Up to 16 logits from p, the lanes past count -inf, which weighs 0 and never wins the max. */
-static inline v16 load_logits(const float *p, int count) {
-    if (count == 16) return load16(p);
-    v16 v = (v16){0} - INFINITY;
+/* Up to VLEN logits from p, the lanes past count -inf, which weighs 0 and never wins the max. */
+static inline vf load_logits(const float *p, int count) {
+    if (count == VLEN) return loadv(p);
+    vf v = (vf){0} - INFINITY;
     memcpy(&v, p, sizeof(float) * count);
     return v;
 }
 
 /* logits / temperature, dividing as the reference does so both see the same scaled values. */
-static inline v16 scale16(v16 v, float temperature) { return temperature == 1.0f ? v : v / temperature; }
+static inline vf scaled(vf v, float temperature) { return temperature == 1.0f ? v : v / temperature; }
 
-/* exp(scaled - max) of tokens [start, start + count) of a row, count <= 16. */
-static inline v16 exps16(const float *row, int start, int count, float temperature, float max) {
-    return exp16(scale16(load_logits(row + start, count), temperature) - max);
+/* exp(scaled - max) of tokens [start, start + count) of a row, count <= VLEN. */
+static inline vf scaled_exps(const float *row, int start, int count, float temperature, float max) {
+    return expv(scaled(load_logits(row + start, count), temperature) - max);
 }
 
 /* The largest logit of a row and the first index holding it (torch.argmax's choice): each lane keeps the
  * first index of its own maximum, then the lowest index among the lanes holding the row's maximum wins. */
 static float row_max(const float *row, int vocab, int *argmax) {
-    v16 best = (v16){0} - INFINITY;
-    i16 best_index = {0}, index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    for (int i = 0; i < vocab; i += 16, index += 16) {
-        v16 v = load_logits(row + i, vocab - i < 16 ? vocab - i : 16);
-        i16 greater = v > best;
-        best = (v16)(((i16)v & greater) | ((i16)best & ~greater));
+    vf best = (vf){0} - INFINITY;
+    vi best_index = {0}, index = LANES;
+    for (int i = 0; i < vocab; i += VLEN, index += VLEN) {
+        vf v = load_logits(row + i, vocab - i < VLEN ? vocab - i : VLEN);
+        vi greater = v > best;
+        best = blend(greater, v, best);
         best_index = (index & greater) | (best_index & ~greater);
     }
-    float max = best[0];
-    for (int lane = 1; lane < 16; lane++) max = best[lane] > max ? best[lane] : max;
+    float max = maxv(best);
     int first = vocab;
-    for (int lane = 0; lane < 16; lane++)
+    for (int lane = 0; lane < VLEN; lane++)
         if (best[lane] == max && best_index[lane] < first) first = best_index[lane];
     *argmax = first;
     return max;
@@ -77,27 +76,27 @@ static void sample_row(const float *row, int vocab, float temperature, float u, 
     double total = 0.0;
     for (int b = 0; b < num_blocks; b++) {
         int end = (b + 1) * CDF_BLOCK < vocab ? (b + 1) * CDF_BLOCK : vocab;
-        v16 sums = {0};
-        for (int i = b * CDF_BLOCK; i < end; i += 16) sums += exps16(row, i, end - i < 16 ? end - i : 16, t, max);
-        block_sums[b] = sum16(sums);
+        vf sums = {0};
+        for (int i = b * CDF_BLOCK; i < end; i += VLEN) sums += scaled_exps(row, i, end - i < VLEN ? end - i : VLEN, t, max);
+        block_sums[b] = sumv(sums);
         total += block_sums[b];
     }
     int chosen = argmax;
     if (!greedy) {
-        /* The target's block, then the chunk of 16 tokens inside it by the sums of the same exps recomputed,
+        /* The target's block, then the chunk of VLEN tokens inside it by the sums of the same exps recomputed,
          * then the token inside the chunk: three short scans instead of one over the block token by token. */
         double target = (double)u * total, before = 0.0;
         int start = first_past(block_sums, num_blocks, target, &before) * CDF_BLOCK;
-        int end = start + CDF_BLOCK < vocab ? start + CDF_BLOCK : vocab, num_chunks = (end - start + 15) / 16;
-        float chunk_sums[CDF_BLOCK / 16];
+        int end = start + CDF_BLOCK < vocab ? start + CDF_BLOCK : vocab, num_chunks = (end - start + VLEN - 1) / VLEN;
+        float chunk_sums[CDF_BLOCK / VLEN];
         for (int c = 0; c < num_chunks; c++) {
-            int i = start + 16 * c;
-            chunk_sums[c] = sum16(exps16(row, i, end - i < 16 ? end - i : 16, t, max));
+            int i = start + VLEN * c;
+            chunk_sums[c] = sumv(scaled_exps(row, i, end - i < VLEN ? end - i : VLEN, t, max));
         }
-        start += 16 * first_past(chunk_sums, num_chunks, target, &before);
-        int count = end - start < 16 ? end - start : 16;
-        float exps[16];
-        v16 e = exps16(row, start, count, t, max);
+        start += VLEN * first_past(chunk_sums, num_chunks, target, &before);
+        int count = end - start < VLEN ? end - start : VLEN;
+        float exps[VLEN];
+        vf e = scaled_exps(row, start, count, t, max);
         memcpy(exps, &e, sizeof e);
         chosen = start + first_past(exps, count, target, &before);
     }
