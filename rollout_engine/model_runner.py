@@ -6,7 +6,13 @@ import torch
 
 from rollout_engine.block_manager import CopyPair
 from rollout_engine.cuda_graphs import DecodeGraphs
-from rollout_engine.kv_pool import allocate_kv_pool, release_blocks, resident_bytes
+from rollout_engine.kv_pool import (
+    allocate_kv_pool,
+    commit_blocks,
+    commits_on_write,
+    release_blocks,
+    resident_bytes,
+)
 from rollout_engine.lora import LoraTokens
 from rollout_engine.models import AttentionMetadata, PagedDecoder, StepInputs
 from rollout_engine.scheduler import ScheduledSeq
@@ -38,6 +44,7 @@ class ModelRunner:
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_pool]
         self.graphs: DecodeGraphs | None = None
         self.kv_bytes_resident_peak = 0  # the most kv_bytes_resident measured, and measured before a release
+        self._committed: set[int] = set()  # blocks whose pages were committed since they were last released
 
     @property
     def kv_bytes_total(self) -> int:
@@ -56,12 +63,24 @@ class ModelRunner:
         grows between releases, so measuring it here and after each generate call records its peak."""
         self.kv_bytes_resident()
         release_blocks(self.kv_pool, block_ids)
+        self._committed.difference_update(block_ids)
+
+    def _commit(self, block_ids: set[int]) -> None:
+        """Commit the memory of the blocks a step is about to write, where the pool commits on write: in a few
+        system calls rather than a page fault per page."""
+        if not commits_on_write(self.device):
+            return
+        new = block_ids - self._committed
+        if new:
+            commit_blocks(self.kv_pool, new)
+            self._committed |= new
 
     def copy_blocks(self, copies: list[CopyPair]) -> None:
         """Copy-on-write: KV rows of each src block go to its dst block, in every layer."""
         if not copies:
             return
         src, dst = zip(*copies, strict=True)
+        self._commit(set(dst))
         src_ids = torch.tensor(src, device=self.device)
         self.kv_pool[:, :, torch.tensor(dst, device=self.device)] = self.kv_pool[:, :, src_ids]
 
@@ -96,6 +115,7 @@ class ModelRunner:
             else:
                 decode_tables.append(table)
                 decode_lens.append(end)
+        self._commit({slot // bs for slot in slots})
         device = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),

@@ -126,6 +126,69 @@ def test_c_decode_kernel_shapes(block_size, head_dim, group, gen, poison_allocat
     torch.testing.assert_close(out, decode_expected(q, keys, values, group, 0.3), atol=1e-5, rtol=1e-5)
 
 
+def build_forked_cache(prefix_lens, samples, block_size, head_dim, gen):
+    """Sequences forked from prompts, as the engine lays them out: samples[i] lists, for each sample of prompt
+    i, how many of the prompt's full blocks it shares and how many tokens of its own follow the prompt. The
+    rest of the prompt is copied into the sample's own blocks (copy on write), so every sample reads the same
+    prompt K/V. Blocks lie in random order in a NaN-filled cache; returns what build_cache returns."""
+    nan = torch.full((block_size, NUM_KV_HEADS, head_dim), float("nan"))
+    k_blocks, v_blocks, tables, keys, values = [nan], [nan], [], [], []
+
+    def new_block(k, v):
+        k_blocks.append(torch.cat((k, nan[len(k) :])))
+        v_blocks.append(torch.cat((v, nan[len(v) :])))
+        return len(k_blocks) - 1
+
+    chunk = lambda t, start: t[start:][:block_size]  # the block of tokens from start
+    for prefix_len, members in zip(prefix_lens, samples, strict=True):
+        prefix_k = torch.randn(prefix_len, NUM_KV_HEADS, head_dim, generator=gen)
+        prefix_v = torch.randn(prefix_len, NUM_KV_HEADS, head_dim, generator=gen)
+        full = prefix_len // block_size
+        prompt_blocks = [
+            new_block(chunk(prefix_k, b * block_size), chunk(prefix_v, b * block_size)) for b in range(full)
+        ]
+        for num_shared, own in members:
+            k = torch.cat((prefix_k, torch.randn(own, NUM_KV_HEADS, head_dim, generator=gen)))
+            v = torch.cat((prefix_v, torch.randn(own, NUM_KV_HEADS, head_dim, generator=gen)))
+            ids = prompt_blocks[:num_shared]
+            starts = range(num_shared * block_size, len(k), block_size)
+            ids += [new_block(chunk(k, start), chunk(v, start)) for start in starts]
+            tables.append(ids)
+            keys.append(k)
+            values.append(v)
+    shuffled = torch.randperm(len(k_blocks) - 1, generator=gen) + 1
+    order = torch.cat((torch.zeros(1, dtype=torch.long), shuffled))  # block 0 stays unused
+    place = torch.empty_like(order)
+    place[order] = torch.arange(len(order))
+    k_cache, v_cache = torch.stack(k_blocks)[order], torch.stack(v_blocks)[order]
+    width = max(len(ids) for ids in tables) + 1
+    padded = [[int(place[i]) for i in ids] + [0] * (width - len(ids)) for ids in tables]
+    lens = torch.tensor([len(k) for k in keys], dtype=torch.int32)
+    return k_cache, v_cache, torch.tensor(padded, dtype=torch.int32), lens, keys, values
+
+
+@pytest.mark.parametrize("group", [1, 3, 64])
+def test_c_decode_kernel_over_forked_groups(group, gen, poison_allocations):
+    """GRPO groups as the engine lays them out: samples that share all of their prompt's full blocks or fewer
+    (one sample copied a block), prompts shorter than a block, groups of 30 samples, and a sample that is not
+    its group's neighbour."""
+    prefix_lens = [40, 16, 70, 5, 33]
+    samples = [
+        [(2, 3), (2, 1), (1, 9), (2, 0), (2, 20)],
+        [(1, 4)] * 3,
+        [(4, 2)] * 30,
+        [(0, 6), (0, 2)],
+        [(2, 1)],
+    ]
+    k_cache, v_cache, tables, lens, keys, values = build_forked_cache(prefix_lens, samples, 16, 64, gen)
+    order = [*range(1, len(keys)), 0]  # the first prompt's first sample runs last, apart from the others
+    tables, lens = tables[order], lens[order]
+    keys, values = [keys[i] for i in order], [values[i] for i in order]
+    q = torch.randn(len(keys), NUM_KV_HEADS * group, 64, generator=gen)
+    out = paged_attention_decode_cpu(q, k_cache, v_cache, tables, lens, 0.2)
+    torch.testing.assert_close(out, decode_expected(q, keys, values, group, 0.2), atol=1e-5, rtol=1e-5)
+
+
 def test_c_decode_kernel_refuses_what_it_was_not_built_for(gen):
     """A head size that is not a multiple of 16 stays on the PyTorch reference under "auto", and the C
     launcher called directly says why it cannot take it."""

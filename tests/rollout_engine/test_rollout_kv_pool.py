@@ -1,8 +1,10 @@
 """The KV pool takes memory as blocks are written: a CPU pool reserves address space, commits a page on
-first write, reads zero where nothing was written, and engine.stats() reports what it holds."""
+first write (or, for the blocks a step is about to write, just before it), reads zero where nothing was
+written, and engine.stats() reports what it holds."""
 
 import gc
 import mmap
+import os
 import sys
 from pathlib import Path
 
@@ -13,10 +15,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
 from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.kv_pool import allocate_kv_pool, release_blocks, resident_bytes  # noqa: E402
+from rollout_engine.kv_pool import allocate_kv_pool, commit_blocks, release_blocks, resident_bytes  # noqa: E402
 
 CPU = torch.device("cpu")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="resident pages are counted with mincore")
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    release = os.uname().release.split(".")
+    return sys.platform == "linux" and (int(release[0]), int(release[1].split("-")[0])) >= (major, minor)
+
+
+populates = pytest.mark.skipif(
+    not _kernel_at_least(5, 14), reason="MADV_POPULATE_WRITE needs Linux 5.14; writes commit the pages there"
+)
 
 
 def vm_rss_bytes() -> int:
@@ -81,6 +93,41 @@ def test_releasing_every_block_frees_the_pages_across_slab_boundaries_too():
     pool.fill_(1.0)
     release_blocks(pool, iter(range(12)))
     assert resident_bytes(pool) == 0 and pool.abs().max().item() == 0.0
+
+
+@populates
+def test_committed_blocks_are_resident_before_any_write_and_read_zero():
+    pool = allocate_kv_pool(2, 64, 4, 2, 16, torch.float32, CPU)  # 512-byte blocks, 8 to a page
+    blocks = [3, 40, 41]
+    commit_blocks(pool, blocks)
+    expected = set().union(*(pages_under(slab[b]) for slab in pool.flatten(0, 1) for b in blocks))
+    assert len(expected) == 4 * 2  # per slab: block 3's page, and the page blocks 40 and 41 share
+    assert resident_bytes(pool) == len(expected) * mmap.PAGESIZE
+    assert pool[:, :, blocks].abs().max().item() == 0.0
+    release_blocks(pool, range(64))
+    assert resident_bytes(pool) == 0
+
+
+@populates
+def test_each_step_finds_the_blocks_it_writes_committed(monkeypatch):
+    # 32-token blocks: one layer's K (or V) of a block is one page
+    engine = make_engine(make_tiny_model("llama"), block_size=32, memory_budget_bytes=2**30)
+    pool, run = engine.runner.kv_pool, engine.runner.run
+    written: list[set[int]] = []
+
+    def checking_run(inputs):
+        blocks = set((inputs.meta.slot_mapping // 32).tolist())
+        for slab in pool.flatten(0, 1):
+            assert all(resident_bytes(slab[b]) == slab[b].numel() * 4 for b in blocks)
+        written.append(blocks)
+        return run(inputs)
+
+    monkeypatch.setattr(engine.runner, "run", checking_run)
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=40, seed=0)
+    engine.generate(random_prompts([40, 70], seed=0), params)
+    engine.reset_prefix_cache()  # released blocks are committed again when next written
+    engine.generate(random_prompts([40, 70], seed=1), params)
+    assert len(written) >= 80 and len(set().union(*written)) > 6
 
 
 def test_a_pool_reads_zero_where_never_written_and_outlives_its_name():
