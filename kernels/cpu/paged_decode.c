@@ -88,15 +88,18 @@ static inline __attribute__((always_inline)) void attend_kv_head(
             }
             tile = blend((vi)(LANES < count), tile, (vf){0} - INFINITY); /* tokens past count weigh 0 */
             float tile_max = maxv(tile);
-            tile_max = tile_max > row_max[g] ? tile_max : row_max[g];
-            float alpha = expv((vf){0} + (row_max[g] - tile_max))[0]; /* 0 on the first tile */
-            tile = expv(tile - tile_max);
+            vf a[MAX_CHUNKS];
+            for (int c = 0; c < chunks; c++) a[c] = acc[g][c];
+            if (tile_max > row_max[g]) { /* a new max rescales what came before (to 0 on the first tile) */
+                float alpha = expv((vf){0} + (row_max[g] - tile_max))[0];
+                row_sum[g] *= alpha;
+                for (int c = 0; c < chunks; c++) a[c] *= alpha;
+                row_max[g] = tile_max;
+            }
+            tile = expv(tile - row_max[g]);
             float weights[TILE];
             memcpy(weights, &tile, sizeof tile);
-            row_sum[g] = row_sum[g] * alpha + sumv(tile);
-            row_max[g] = tile_max;
-            vf a[MAX_CHUNKS];
-            for (int c = 0; c < chunks; c++) a[c] = acc[g][c] * alpha;
+            row_sum[g] += sumv(tile);
             for (int t = 0; t < count; t++) {
                 const float *v = v_tile + t * cache_token_stride;
                 for (int c = 0; c < chunks; c++) a[c] += weights[t] * loadv(v + VLEN * c);
