@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from rollout_engine.block_manager import CopyPair
@@ -44,6 +46,7 @@ class ModelRunner:
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_pool]
         self.graphs: DecodeGraphs | None = None
         self.kv_bytes_resident_peak = 0  # the most kv_bytes_resident measured, and measured before a release
+        self._commits_on_write = commits_on_write(device)
         self._committed: set[int] = set()  # blocks whose pages were committed since they were last released
 
     @property
@@ -65,12 +68,12 @@ class ModelRunner:
         release_blocks(self.kv_pool, block_ids)
         self._committed.difference_update(block_ids)
 
-    def _commit(self, block_ids: set[int]) -> None:
+    def _commit(self, block_ids: Iterable[int]) -> None:
         """Commit the memory of the blocks a step is about to write, where the pool commits on write: in a few
         system calls rather than a page fault per page."""
-        if not commits_on_write(self.device):
+        if not self._commits_on_write:
             return
-        new = block_ids - self._committed
+        new = set(block_ids) - self._committed
         if new:
             commit_blocks(self.kv_pool, new)
             self._committed |= new
@@ -80,7 +83,7 @@ class ModelRunner:
         if not copies:
             return
         src, dst = zip(*copies, strict=True)
-        self._commit(set(dst))
+        self._commit(dst)
         src_ids = torch.tensor(src, device=self.device)
         self.kv_pool[:, :, torch.tensor(dst, device=self.device)] = self.kv_pool[:, :, src_ids]
 
@@ -115,7 +118,7 @@ class ModelRunner:
             else:
                 decode_tables.append(table)
                 decode_lens.append(end)
-        self._commit({slot // bs for slot in slots})
+        self._commit(slot // bs for slot in slots)
         device = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),

@@ -28,6 +28,16 @@ static inline void prefetch_rows(const float *k, const float *v, int count, int6
         }
 }
 
+/* The tile at `position` of a sequence: how many tokens it has (up to TILE, within one block and before
+ * context_len), and in *offset where its first row lies from cache token 0. */
+static inline int tile_at(const int32_t *table, int position, int context_len, int block_size, int64_t block_stride,
+                          int64_t token_stride, int64_t *offset) {
+    int count = block_size - position % block_size;
+    count = count < context_len - position ? count : context_len - position;
+    *offset = (int64_t)table[position / block_size] * block_stride + (position % block_size) * token_stride;
+    return count < TILE ? count : TILE;
+}
+
 /* The `group` query heads of one KV head (rows of q, q_head_stride apart) over the first context_len cached
  * tokens of one sequence; k_cache and v_cache point at that KV head's row of cache token 0. head_dim is a
  * multiple of 16 and at most MAX_HEAD_DIM; callers pass it as a constant where they can, so the loops over
@@ -47,19 +57,15 @@ static inline __attribute__((always_inline)) void attend_kv_head(
         row_max[g] = -INFINITY;
         row_sum[g] = 0.0f;
     }
-    /* a tile: up to TILE tokens from `position`, within one block */
-#define TILE_AT(position, k_tile, v_tile, count)                                                                \
-    int count = block_size - (position) % block_size;                                                          \
-    count = count < context_len - (position) ? count : context_len - (position);                               \
-    count = count < TILE ? count : TILE;                                                                       \
-    const float *k_tile = k_cache + (int64_t)table[(position) / block_size] * cache_block_stride              \
-                          + ((position) % block_size) * cache_token_stride;                                    \
-    const float *v_tile = v_cache + (k_tile - k_cache);
     for (int position = 0; position < context_len;) {
-        TILE_AT(position, k_tile, v_tile, count)
+        int64_t offset, next_offset;
+        int count = tile_at(table, position, context_len, block_size, cache_block_stride, cache_token_stride,
+                            &offset);
+        const float *k_tile = k_cache + offset, *v_tile = v_cache + offset;
         if (position + count < context_len) {
-            TILE_AT(position + count, k_next, v_next, next_count)
-            prefetch_rows(k_next, v_next, next_count, cache_token_stride, head_dim);
+            int next_count = tile_at(table, position + count, context_len, block_size, cache_block_stride,
+                                     cache_token_stride, &next_offset);
+            prefetch_rows(k_cache + next_offset, v_cache + next_offset, next_count, cache_token_stride, head_dim);
         }
         for (int g = 0; g < group; g++) {
             /* Each token's products with q, folded into one vector of scores as they come (see fold), so that
@@ -108,7 +114,6 @@ static inline __attribute__((always_inline)) void attend_kv_head(
         }
         position += count;
     }
-#undef TILE_AT
     for (int g = 0; g < group; g++) {
         float *o = out + g * head_dim;
         if (row_sum[g] == 0.0f) { /* no context: the output is zeros */
