@@ -42,6 +42,8 @@ def compute_advantages(
     which equals G/(G-1) times the grpo baseline-subtracted reward.
     scale: `group` divides by the group std + std_eps; `batch` by the std of all rewards + std_eps;
     `none` does not divide (Dr. GRPO). Both stds are Bessel-corrected (unbiased, divisor n-1), as in TRL.
+    A group whose rewards are all equal gets advantage exactly 0: its float mean can differ from them by
+    rounding, which the division by std_eps alone would turn into advantages of up to 1e-3.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of {ESTIMATORS}")
@@ -50,7 +52,9 @@ def compute_advantages(
     _check_rewards(rewards, min_group_size=2)
     rewards = rewards.float()
     group_size = rewards.size(1)
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    centered = torch.where(
+        _zero_std_groups(rewards)[:, None], 0.0, rewards - rewards.mean(dim=1, keepdim=True)
+    )
     if estimator == "rloo":
         centered = centered * (group_size / (group_size - 1))
     if scale == "group":

@@ -48,6 +48,18 @@ def test_rloo_with_two_samples_is_the_reward_difference():
     torch.testing.assert_close(adv, torch.tensor([[1.0, -1.0], [-0.5, 0.5]]))
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_groups_of_equal_rewards_get_exactly_zero_advantage(estimator, scale):
+    # the float mean of eight copies of 0.1 is not 0.1; divided by std + 1e-4 that was an advantage of 1e-3
+    equal = torch.tensor([0.1, 0.7, -0.3, 1 / 3])[:, None].repeat(1, 8)
+    rewards = torch.cat([equal, torch.tensor([[0.0] * 7 + [1.0]])])
+    assert (equal.mean(dim=1) != equal[:, 0]).any()  # the rounding the advantages must not show
+    adv = compute_advantages(rewards, estimator=estimator, scale=scale)
+    assert torch.equal(adv[:4], torch.zeros(4, 8))
+    assert (adv[4] != 0).all()
+
+
 def test_zero_std_groups_reported_and_filtered():
     rewards = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.2]])
     stats = reward_stats(rewards)
