@@ -28,6 +28,11 @@ class Aggregation(Protocol):
         """The share of a micro-batch (its loss mask [b, T]) in the batch; counts: [num_sequences,
         num_tokens] of the batch."""
 
+    @property
+    def rows_add_up(self) -> bool:
+        """Whether the batch's loss is a sum of per-row terms, whatever rows share a micro-batch: then a row
+        whose term is zero can be left out of every micro-batch without changing the loss or gradient."""
+
 
 def _masked(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, per_token, 0.0)
@@ -36,6 +41,8 @@ def _masked(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True, slots=True)
 class SequenceMean:
     """grpo: the mean over each sequence's tokens, then the mean over sequences."""
+
+    rows_add_up = True
 
     def reduce(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return (_masked(per_token, mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
@@ -52,6 +59,10 @@ class TokenMean:
 
     over_batch: bool
 
+    @property
+    def rows_add_up(self) -> bool:
+        return self.over_batch  # bnpo's micro-batch means count every row of their micro-batch
+
     def reduce(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return _masked(per_token, mask).sum() / mask.sum().clamp(min=1)
 
@@ -64,6 +75,7 @@ class FixedLengthSum:
     """dr_grpo: the sum over tokens / (B * max_completion_length), which has no length bias."""
 
     max_completion_length: int | None
+    rows_add_up = True
 
     def __post_init__(self) -> None:
         if self.max_completion_length is None or self.max_completion_length <= 0:

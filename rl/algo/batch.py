@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+PER_TOKEN_FIELDS = ("input_ids", "attention_mask", "loss_mask", "sampling_logprobs")
+PER_ROW_FIELDS = ("advantages", "completion_lengths", "truncated")
+
 
 @dataclass(slots=True)
 class RolloutBatch:
@@ -33,11 +36,11 @@ class RolloutBatch:
         shape = tuple(self.input_ids.shape)
         if len(shape) != 2:
             raise ValueError(f"input_ids must be [B, T], got {shape}")
-        for name in ("attention_mask", "loss_mask", "sampling_logprobs"):
+        for name in PER_TOKEN_FIELDS[1:]:
             if tuple(getattr(self, name).shape) != shape:
                 got = tuple(getattr(self, name).shape)
                 raise ValueError(f"{name} has shape {got} but input_ids has {shape}; align them as [B, T]")
-        for name in ("advantages", "completion_lengths", "truncated"):
+        for name in PER_ROW_FIELDS:
             if tuple(getattr(self, name).shape) != shape[:1]:
                 got = tuple(getattr(self, name).shape)
                 raise ValueError(f"{name} has shape {got}; it needs one entry per row, shape ({shape[0]},)")
@@ -51,19 +54,21 @@ class RolloutBatch:
     def num_sequences(self) -> int:
         return self.input_ids.size(0)
 
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The rows at indices `rows` [n], in that order, at full width."""
+        return self._map(lambda t: t[rows], lambda t: t[rows])
+
     def rows(self, start: int, stop: int, device: torch.device | str | None = None) -> RolloutBatch:
         """Rows [start, stop) on `device`, with the columns past the last non-padding token cut off."""
-        attention = self.attention_mask[start:stop]
-        active_cols = attention.any(dim=0).nonzero()
+        active_cols = self.attention_mask[start:stop].any(dim=0).nonzero()
         width = int(active_cols.max().item()) + 1 if active_cols.numel() else 1
+        return self._map(lambda t: t[start:stop, :width].to(device), lambda t: t[start:stop].to(device))
+
+    def _map(self, per_token, per_row) -> RolloutBatch:
+        """A batch of per_token(t) for each [B, T] field and per_row(t) for each [B] field."""
         return RolloutBatch(
-            input_ids=self.input_ids[start:stop, :width].to(device),
-            attention_mask=attention[:, :width].to(device),
-            loss_mask=self.loss_mask[start:stop, :width].to(device),
-            sampling_logprobs=self.sampling_logprobs[start:stop, :width].to(device),
-            advantages=self.advantages[start:stop].to(device),
-            completion_lengths=self.completion_lengths[start:stop].to(device),
-            truncated=self.truncated[start:stop].to(device),
+            **{name: per_token(getattr(self, name)) for name in PER_TOKEN_FIELDS},
+            **{name: per_row(getattr(self, name)) for name in PER_ROW_FIELDS},
         )
 
 

@@ -48,6 +48,7 @@ class StepStats:
     num_tokens: int  # tokens in the loss per pass
     num_optimizer_steps: int
     num_skipped_steps: int  # steps dropped for a non-finite loss or gradient
+    num_rows_skipped: int  # rows left out of the forward and backward: their gradient is 0 (rows_that_train)
     completions: CompletionStats
     sampling: dict[str, float]  # ISCorrection.as_dict() names: the sampler/trainer logprob mismatch
 
@@ -59,6 +60,7 @@ class StepStats:
             lr=self.lr,
             num_tokens=float(self.num_tokens),
             num_skipped_steps=float(self.num_skipped_steps),
+            num_rows_skipped=float(self.num_rows_skipped),
         )
         for name in CompletionStats.__slots__:
             out[f"completions/{name}"] = getattr(self.completions, name)

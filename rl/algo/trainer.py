@@ -87,10 +87,13 @@ def accumulate_gradients(
     is_weights: torch.Tensor | None = None,
     temperature: float = 1.0,
     record_logprobs: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
 ) -> LossStats:
     """Backward the whole-batch loss in micro-batches; returns its stats. Does not step or zero grads.
 
-    record_logprobs [B, T], when given, receives the current logprobs (detached).
+    record_logprobs [B, T], when given, receives the current logprobs (detached). counts: the
+    [num_sequences, num_tokens] the loss is normalised by (`_per_rank_counts`), when `batch` holds only the
+    rows of a larger batch that train (`rows_that_train`); by default those of `batch`.
 
     Each micro-batch's `compute_policy_loss` is weighed by the loss type's aggregation
     (`rl.algo.aggregation`). Without old_logprobs the ratio is 1 (the current logprobs, detached). [B, T]
@@ -100,7 +103,8 @@ def accumulate_gradients(
     weigh = aggregation(loss.loss_type, max_completion_length).weight
     device = model_device(model)
     num_tokens = batch.loss_mask.sum().to(device)
-    counts = _per_rank_counts(model, batch, device)
+    if counts is None:
+        counts = _per_rank_counts(model, batch, device)
     starts = range(0, batch.num_sequences, micro_batch_size)
     parts = []
     for i, start in enumerate(starts):
@@ -135,6 +139,27 @@ def accumulate_gradients(
             (mb_loss * weight).backward()
         parts.append((stats, weight))
     return combine_loss_stats(parts, num_tokens)
+
+
+def rows_that_train(batch: RolloutBatch, loss: LossConfig, max_completion_length: int | None) -> torch.Tensor:
+    """Indices of the rows whose loss term can be nonzero, in order; never empty.
+
+    A row with no loss tokens adds nothing to the loss, and without the KL term (beta 0) neither does a row
+    whose advantage is 0: its clipped surrogate is 0 at every ratio. Where the loss type sums per-row terms
+    (`Aggregation.rows_add_up`), such rows are left out of the forward and backward, and the loss and its
+    gradient stay the same; the batch's counts still normalise it. In GRPO every row of a group whose
+    rewards are all equal has advantage 0. The shortest row stays when none would: every pass then runs
+    one backward (which DDP's gradient sync needs), and the optimizer steps on zero gradients as it would
+    on the whole batch's.
+    """
+    if not aggregation(loss.loss_type, max_completion_length).rows_add_up:
+        return torch.arange(batch.num_sequences)
+    trains = batch.loss_mask.any(dim=1)
+    if loss.beta == 0.0:
+        trains &= batch.advantages != 0
+    if not trains.any():
+        return batch.attention_mask.sum(dim=1).argmin()[None]
+    return trains.nonzero()[:, 0]
 
 
 def _check_step_args(micro_batch_size: int, max_grad_norm: float | None) -> None:
@@ -204,12 +229,19 @@ def train_step(
 
     Old logprobs are recomputed once (only when mu > 1 or loss.is_mode is set; otherwise the ratio is 1), and
     the reference once when loss.beta > 0. A step whose loss or gradient is non-finite is skipped: no
-    optimizer or scheduler step, gradients cleared, counted in num_skipped_steps. temperature: the sampling
-    temperature; max_completion_length: the generation length limit (loss_type dr_grpo divides by it).
+    optimizer or scheduler step, gradients cleared, counted in num_skipped_steps. Rows whose gradient is
+    exactly zero are not run (`rows_that_train`, counted in num_rows_skipped); the loss statistics and the
+    sampler/trainer mismatch are then over the rows that ran. temperature: the sampling temperature;
+    max_completion_length: the generation length limit (loss_type dr_grpo divides by it).
     """
     _check_step_args(micro_batch_size, max_grad_norm)
     if loss.mask_truncated_completions:
         batch = dataclasses.replace(batch, loss_mask=batch.loss_mask & ~batch.truncated[:, None])
+    counts = _per_rank_counts(model, batch, model_device(model))
+    num_tokens = int(batch.loss_mask.sum().item())
+    completions = CompletionStats.from_lengths(batch.completion_lengths, batch.truncated)
+    trained = rows_that_train(batch, loss, max_completion_length)
+    num_rows, batch = batch.num_sequences, batch.select(trained)
     old = None
     if loss.num_iterations > 1 or loss.is_mode != "none":
         old = batch_logprobs(model, batch, micro_batch_size, temperature)
@@ -226,6 +258,7 @@ def train_step(
             model, batch, loss, micro_batch_size=micro_batch_size,
             max_completion_length=max_completion_length, old_logprobs=old, ref_logprobs=ref,
             is_weights=is_weights, temperature=temperature, record_logprobs=seen if iteration == 0 else None,
+            counts=counts,
         )  # fmt: skip
         stepped, grad_norm, lr = optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
         skipped += not stepped
@@ -235,9 +268,10 @@ def train_step(
         loss=mean_loss_stats(losses),
         grad_norm=sum(grad_norms) / loss.num_iterations,
         lr=lr,
-        num_tokens=int(batch.loss_mask.sum().item()),
+        num_tokens=num_tokens,
         num_optimizer_steps=loss.num_iterations - skipped,
         num_skipped_steps=skipped,
-        completions=CompletionStats.from_lengths(batch.completion_lengths, batch.truncated),
+        num_rows_skipped=num_rows - batch.num_sequences,
+        completions=completions,
         sampling=(correction or _mismatch(batch, seen, loss.is_cap)).as_dict(),
     )

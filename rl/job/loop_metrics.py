@@ -29,6 +29,7 @@ RANK_REDUCERS = {
     "env/timeouts": sum,
     "num_tokens": sum,
     "num_skipped_steps": max,
+    "num_rows_skipped": sum,
     "completions/min_length": min,
     "completions/max_length": max,
     "time/": max,

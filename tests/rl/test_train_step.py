@@ -218,3 +218,87 @@ def test_bad_arguments_leave_the_model_untouched(make_llama, make_lora, make_bat
         build_optimizer(model.get_base_model().model.embed_tokens, lr=1e-2)
     for name, value in snapshot(model).items():
         assert torch.equal(value, before[name]), name
+
+
+# advantage 0 on rows 1, 3 and 5: a GRPO group whose rewards are all equal, and the like
+SOME_ZERO = [0.5, 0.0, 1.5, 0.0, -0.75, 0.0]
+
+
+def hand_loss(model, batch, loss_type: str, max_completion_length: int):
+    """The first pass's loss (ratio 1, no KL) by hand, differentiable: -A_i logp_{i,t} summed over the
+    loss tokens of each unpadded row, divided as the loss type says, from a plain forward of every row."""
+    terms, num_tokens = [], int(batch.loss_mask.sum())
+    for row, length in enumerate(batch.attention_mask.sum(1).tolist()):
+        ids = batch.input_ids[row, :length]
+        logp = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1], -1).gather(-1, ids[1:, None])
+        chosen = logp[:, 0][batch.loss_mask[row, 1:length]]
+        term = -batch.advantages[row] * chosen.sum()
+        divisor = {"grpo": len(chosen) * batch.num_sequences, "dapo": num_tokens}
+        terms.append(term / divisor.get(loss_type, batch.num_sequences * max_completion_length))
+    return sum(terms)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_rows_without_gradient_are_left_out_and_the_update_is_the_same(
+    make_llama, make_lora, make_batch, loss_type
+):
+    model, batch = make_lora(make_llama(), perturb=True), make_batch(advantages=SOME_ZERO)
+    hand_loss(model, batch, loss_type, max_completion_length=8).backward()
+    expected = {name: -grad for name, grad in lora_grads(model).items()}  # SGD at lr 1 steps by -grad
+    model.zero_grad(set_to_none=True)
+    before = snapshot(model)
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    stats = train_step(
+        model, sgd, None, batch, LossConfig(loss_type=loss_type), micro_batch_size=2,
+        max_grad_norm=None, temperature=1.0, max_completion_length=8,
+    )  # fmt: skip
+    assert stats.num_rows_skipped == 3 and stats.as_dict()["num_rows_skipped"] == 3.0
+    assert stats.num_tokens == NUM_TOKENS  # the batch's, skipped rows included
+    # at ratio 1 a row's surrogate is -A_i on each of its n_i loss tokens
+    advantages, counts = batch.advantages, batch.loss_mask.sum(1).float()
+    first_pass = {
+        "grpo": -advantages.mean(),
+        "dapo": -(advantages * counts).sum() / counts.sum(),
+        "dr_grpo": -(advantages * counts).sum() / (batch.num_sequences * 8),
+    }[loss_type]
+    assert stats.loss.loss.item() == pytest.approx(first_pass.item(), abs=1e-6)
+    for name, delta in expected.items():
+        torch.testing.assert_close(model.get_parameter(name) - before[name], delta, atol=1e-6, rtol=1e-4)
+
+
+def test_a_batch_without_gradient_still_steps_adam_on_zero_gradients(make_llama, make_lora, make_batch):
+    # Adam moves the weights on a zero gradient (its momentum), and it skips parameters whose grad is None
+    models = [make_lora(make_llama(), perturb=True) for _ in range(2)]
+    optimizers = [build_optimizer(model, lr=1e-2) for model in models]
+    for model, optimizer in zip(models, optimizers, strict=True):
+        train_step(model, optimizer, None, make_batch(), LossConfig(), micro_batch_size=3, **STEP)
+    (skipping, reference), (optimizer, reference_optimizer) = models, optimizers
+    before = snapshot(skipping)
+    stats = train_step(
+        skipping, optimizer, None, make_batch(advantages=[0.0] * 6), LossConfig(), micro_batch_size=3, **STEP
+    )
+    assert stats.num_rows_skipped == 5  # the shortest row runs, for a backward of zeros
+    for param in reference.parameters():
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
+    reference_optimizer.step()
+    moved = 0
+    for name, value in snapshot(skipping).items():
+        torch.testing.assert_close(value, reference.get_parameter(name), atol=0, rtol=0)
+        moved += not torch.equal(value, before[name])
+    assert moved == sum(p.requires_grad for p in skipping.parameters())
+
+
+@pytest.mark.parametrize(
+    ("loss", "skipped"),
+    [
+        (LossConfig(loss_type="bnpo"), 0),  # a micro-batch's token mean counts every row in it
+        (LossConfig(beta=0.1), 0),  # the KL term of a zero-advantage row is not zero
+        (LossConfig(beta=0.1, mask_truncated_completions=True), 2),  # rows 1 and 4 have no loss tokens
+        (LossConfig(mask_truncated_completions=True), 4),  # those, and rows 3 and 5 (advantage 0)
+    ],
+)
+def test_rows_whose_term_can_be_nonzero_always_run(make_llama, make_lora, make_batch, loss, skipped):
+    model, batch = make_lora(make_llama(), perturb=True), make_batch(advantages=SOME_ZERO)
+    stats = train_step(model, build_optimizer(model, lr=1e-3), None, batch, loss, micro_batch_size=4, **STEP)
+    assert stats.num_rows_skipped == skipped
