@@ -6,7 +6,8 @@ directory, and later processes load the cached file. $PAGEDRL_CPU_FLAGS adds com
 `-mno-avx512f`, an AVX-512 machine builds and runs the AVX2 code (the tests check it that way too). OpenMP
 parallel loops share PyTorch's OpenMP runtime, so they use torch's threads (torch.set_num_threads) and no
 others. Without a compiler, or when a build fails, `load_library` warns once and returns None: the
-dispatchers then run the PyTorch references, which compute the same thing more slowly.
+dispatchers then run the PyTorch references, which compute the same thing more slowly. `libc` is the
+process's own C library, for the system calls Python lacks (madvise, mincore, malloc_trim).
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ def _build(source: Path, compiler: str, target: Path) -> None:
 
 
 @functools.cache
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The process's C library (glibc, musl or macOS's), with errno kept for ctypes.get_errno."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def load_library(name: str) -> ctypes.CDLL | None:
     """kernels/cpu/<name>.c as a loaded library, built first if this machine has no build of it yet; None
     (after one warning) when it cannot be built."""

@@ -14,7 +14,6 @@ it before each step for the blocks the step writes first, where a page fault per
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import mmap
 import os
@@ -24,6 +23,7 @@ from errno import EINVAL, ENOSYS
 
 import torch
 
+from kernels.cpu_library import libc
 from rollout_engine.block_manager import ceil_div
 
 
@@ -56,11 +56,6 @@ def allocate_kv_pool(
     return torch.frombuffer(mapping, dtype=dtype).view(shape)
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def resident_bytes(pool: torch.Tensor) -> int:
     """Bytes of `pool` held in memory. On a Linux CPU, mincore counts the pages that were touched (written,
     or read while never written); elsewhere this is the whole pool, which a device allocation commits when
@@ -72,7 +67,7 @@ def resident_bytes(pool: torch.Tensor) -> int:
     start = pool.data_ptr() // page * page
     num_pages = ceil_div(pool.data_ptr() + nbytes - start, page)
     pages = bytearray(num_pages)  # bit 0 of each byte: that page is resident
-    status = _libc().mincore(
+    status = libc().mincore(
         ctypes.c_void_p(start),
         ctypes.c_size_t(num_pages * page),
         (ctypes.c_ubyte * num_pages).from_buffer(pages),
@@ -115,7 +110,7 @@ def _byte_ranges(pool: torch.Tensor, block_ids: Iterable[int]) -> list[list[int]
 
 def _madvise(start: int, stop: int, advice: int) -> int:
     """madvise over [start, stop); 0, or the errno of its failure."""
-    if _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), advice) == 0:
+    if libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), advice) == 0:
         return 0
     return ctypes.get_errno()
 

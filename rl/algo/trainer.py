@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import math
@@ -12,6 +11,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from kernels.cpu_library import libc
 from rl.algo.aggregation import aggregation
 from rl.algo.batch import RolloutBatch
 from rl.algo.importance import ISCorrection, importance_weights
@@ -186,7 +186,7 @@ def optimizer_step(optimizer, scheduler, params, max_grad_norm: float | None, lo
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
-    return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    return getattr(libc(), "malloc_trim", None)
 
 
 def release_freed_heap() -> None:
