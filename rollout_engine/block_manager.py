@@ -14,6 +14,7 @@ blocks in memory stay the most ever held at once (by sequences and the prefix ca
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from rollout_engine.sequence import Sequence
 
@@ -66,33 +67,42 @@ class BlockManager:
         # KV differs with and without the LoRA adapter: the chain of a base-model request starts elsewhere.
         return hash(("lora", seq.params.lora))
 
+    def block_hashes(self, seq: Sequence, known: list[int], stop: int) -> Iterator[int]:
+        """The chained hashes of seq's full blocks len(known) .. stop - 1; `known` holds those before them."""
+        bs = self.block_size
+        prev = known[-1] if known else self._root_hash(seq)
+        for index in range(len(known), stop):
+            prev = self._hash_block(prev, seq.token_ids[index * bs : (index + 1) * bs])
+            yield prev
+
+    def num_cacheable_blocks(self, seq: Sequence) -> int:
+        """seq's full blocks before its last token (which always stays to compute, to sample from)."""
+        return (seq.num_tokens - 1) // self.block_size
+
     def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
         """Cached (block ids, hashes) of seq's leading full blocks; at least one token stays uncomputed."""
-        bs = self.block_size
         block_ids: list[int] = []
         hashes: list[int] = []
-        prev = self._root_hash(seq)
-        for start in range(0, seq.num_tokens - 1 - bs + 1, bs):
-            prev = self._hash_block(prev, seq.token_ids[start : start + bs])
-            block_id = self.cached_block_by_hash.get(prev)
+        for block_hash in self.block_hashes(seq, [], self.num_cacheable_blocks(seq)):
+            block_id = self.cached_block_by_hash.get(block_hash)
             if block_id is None:
                 break
             block_ids.append(block_id)
-            hashes.append(prev)
+            hashes.append(block_hash)
         return block_ids, hashes
 
     def mark_computed(self, seq: Sequence) -> None:
         """Register seq's newly completed full blocks in the prefix cache."""
-        bs = self.block_size
-        for index in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            prev = seq.block_hashes[-1] if seq.block_hashes else self._root_hash(seq)
-            block_hash = self._hash_block(prev, seq.token_ids[index * bs : (index + 1) * bs])
-            seq.block_hashes.append(block_hash)
-            if seq.kv_policy_version != self.policy_version or block_hash in self.cached_block_by_hash:
-                continue
-            block_id = seq.block_table[index]
-            self.cached_block_by_hash[block_hash] = block_id
-            self.block_hash[block_id] = block_hash
+        start = len(seq.block_hashes)
+        new = list(self.block_hashes(seq, seq.block_hashes, seq.num_computed_tokens // self.block_size))
+        seq.block_hashes.extend(new)
+        if seq.kv_policy_version != self.policy_version:
+            return
+        for index, block_hash in enumerate(new, start):
+            if block_hash not in self.cached_block_by_hash:
+                block_id = seq.block_table[index]
+                self.cached_block_by_hash[block_hash] = block_id
+                self.block_hash[block_id] = block_hash
 
     def reset_prefix_cache(self) -> None:
         """Make every cached block unreachable (call after each weight update)."""

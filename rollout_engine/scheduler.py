@@ -39,7 +39,11 @@ class Scheduler:
     Running sequences go first, oldest first, each taking min(uncomputed tokens, budget left): decodes
     take one token, prompts are chunked. When a running sequence cannot get a block, the newest running
     sequence is preempted (blocks freed, requeued at the front of the waiting queue to be recomputed).
-    Waiting sequences are admitted in FIFO order while blocks, the budget and max_num_seqs allow.
+    Waiting sequences are admitted in FIFO order while blocks, the budget and max_num_seqs allow. A waiting
+    sequence whose next uncached block is one a running prompt is about to compute (the same tokens after
+    the same prefix: prompts of one system prompt or schema) waits for it instead of computing it again,
+    and takes it from the prefix cache once computed, a step or a few later; the sequences behind it go
+    ahead meanwhile.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
@@ -89,23 +93,41 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
         num_samples = self.num_running_samples()
+        in_flight = self._blocks_in_flight()
+        deferred: list[Sequence] = []
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             if num_samples + seq.num_samples_at_next_token > self.max_num_seqs:
                 break
-            hit_ids, _ = self.block_manager.lookup_prefix(seq)
-            num_new = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
+            hit_ids, hashes = bm.lookup_prefix(seq)
+            if next(bm.block_hashes(seq, hashes, bm.num_cacheable_blocks(seq)), None) in in_flight:
+                deferred.append(self.waiting.popleft())
+                continue
+            num_new = min(seq.num_tokens - len(hit_ids) * bm.block_size, budget)
             # Keep one free block per running sequence so admission does not force an immediate preemption.
-            if not self.block_manager.can_allocate(seq, num_new, num_reserved_blocks=len(self.running)):
+            if not bm.can_allocate(seq, num_new, num_reserved_blocks=len(self.running)):
                 break
             self.waiting.popleft()
-            self.block_manager.allocate(seq, num_new)
+            bm.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             num_samples += seq.num_samples_at_next_token
             budget -= num_new
+            in_flight.update(bm.block_hashes(seq, hashes, bm.num_cacheable_blocks(seq)))
+        self.waiting.extendleft(reversed(deferred))
+
+    def _blocks_in_flight(self) -> set[int]:
+        """Hashes of the full blocks that running prompts have yet to compute and will then cache."""
+        bm = self.block_manager
+        return {
+            block_hash
+            for seq in self.running
+            if seq.num_uncomputed_tokens > 1 and seq.kv_policy_version == bm.policy_version
+            for block_hash in bm.block_hashes(seq, seq.block_hashes, bm.num_cacheable_blocks(seq))
+        }
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

@@ -101,6 +101,19 @@ def test_prefix_cache_hit_skips_prefill_and_reset_makes_blocks_unreachable(llama
     assert engine.stats()["num_blocks_used"] == 0
 
 
+def test_prompts_sent_together_compute_their_shared_prefix_once(llama):
+    system = random_prompts([16], seed=4)[0]  # 4 full blocks of a common prefix
+    prompts = [system + tail for tail in random_prompts([5, 9, 3], seed=5)]
+    engine = make_engine(llama)
+    outputs = engine.generate(prompts, GREEDY)
+    stats = engine.stats()
+    assert stats["prefix_cache_hits"] == 2 * 4  # the second and third prompts wait for the first's blocks
+    assert stats["num_prefill_tokens"] == 16 + 5 + 9 + 3
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.samples[0].token_ids == hf_greedy(llama, prompt, 10)
+    assert stats["num_blocks_used"] == 0
+
+
 def test_stale_kv_is_not_reused_after_a_weight_update():
     model = make_tiny_model("llama", seed=4)
     prompt = random_prompts([20], seed=4)[0]

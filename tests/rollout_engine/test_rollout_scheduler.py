@@ -107,3 +107,38 @@ def test_group_samples_count_against_max_num_seqs():
 def test_budget_below_max_num_seqs_is_rejected():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Scheduler(BlockManager(8, 4), max_num_seqs=16, max_num_batched_tokens=8)
+
+
+def seq_of(tokens: list[int]) -> Sequence:
+    seq_id = next(_ids)
+    return Sequence(seq_id, seq_id, list(tokens), len(tokens), SamplingParams(), [random.Random(0)])
+
+
+def test_a_prompt_waits_for_the_blocks_another_prompt_is_computing():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)
+    shared = [5, 6, 7, 8, 9, 10, 11, 12]  # two full blocks
+    a, b = seq_of(shared + [1, 2, 3]), seq_of(shared + [4, 4, 4, 4, 2])
+    c = seq_of([30, 31, 32, 33, 34])  # nothing in common
+    for seq in (a, b, c):
+        sched.add(seq)
+    # b's first block is a's: b waits, and c goes ahead of it
+    assert run_step(sched) == [(a.seq_id, 11), (c.seq_id, 5)]
+    assert list(sched.waiting) == [b]
+    # then b takes a's two blocks from the cache and computes only its own five tokens
+    assert run_step(sched) == [(a.seq_id, 1), (c.seq_id, 1), (b.seq_id, 5)]
+    assert b.block_table[:2] == a.block_table[:2] and bm.prefix_cache_hits == 2
+
+
+def test_prompts_of_an_old_policy_are_not_waited_for():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, max_num_seqs=2, max_num_batched_tokens=3)
+    leader, follower = seq_of(list(range(1, 9))), seq_of(list(range(1, 5)) + [50, 51, 52, 53, 54])
+    sched.add(leader)
+    assert run_step(sched) == [(leader.seq_id, 3)]  # no block complete yet
+    bm.reset_prefix_cache()  # the leader's blocks will never be cached under the new policy
+    sched.max_num_batched_tokens = 8
+    sched.add(follower)
+    # the leader finishes its prompt; the follower computes its first block itself instead of waiting
+    assert run_step(sched) == [(leader.seq_id, 5), (follower.seq_id, 3)]
+    assert bm.prefix_cache_hits == 0
