@@ -75,12 +75,12 @@ def _build(source: Path, compiler: str, target: Path) -> None:
 
 
 @functools.cache
-@functools.cache
 def libc() -> ctypes.CDLL:
     """The process's C library (glibc, musl or macOS's), with errno kept for ctypes.get_errno."""
     return ctypes.CDLL(None, use_errno=True)
 
 
+@functools.cache
 def load_library(name: str) -> ctypes.CDLL | None:
     """kernels/cpu/<name>.c as a loaded library, built first if this machine has no build of it yet; None
     (after one warning) when it cannot be built."""
