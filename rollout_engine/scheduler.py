@@ -93,6 +93,8 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        if not self.waiting:
+            return
         bm = self.block_manager
         num_samples = self.num_running_samples()
         in_flight = self._blocks_in_flight()

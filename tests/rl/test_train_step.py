@@ -80,30 +80,46 @@ def test_bnpo_over_the_whole_batch_equals_dapo(make_llama, make_lora, make_batch
     assert losses[0] == pytest.approx(losses[1], abs=1e-7)
 
 
-def independent_loss(model, batch):
-    """-(1/B) sum_i A_i * mean_t logprob_{i,t} from a plain forward of each unpadded row."""
-    total = 0.0
+# advantage 0 on rows 1, 3 and 5: a GRPO group whose rewards are all equal, and the like
+SOME_ZERO = [0.5, 0.0, 1.5, 0.0, -0.75, 0.0]
+
+
+def hand_loss(model, batch, loss_type: str = "grpo", max_completion_length: int | None = None):
+    """The first pass's loss (ratio 1, no KL) by hand, differentiable: -A_i logp_{i,t} summed over the
+    loss tokens of each unpadded row, divided as the loss type says, from a plain forward of every row.
+    For grpo: -(1/B) sum_i A_i * mean_t logprob_{i,t}."""
+    terms, num_tokens = [], int(batch.loss_mask.sum())
+    for row, length in enumerate(batch.attention_mask.sum(1).tolist()):
+        ids = batch.input_ids[row, :length]
+        logp = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1], -1).gather(-1, ids[1:, None])
+        chosen = logp[:, 0][batch.loss_mask[row, 1:length]]
+        term = -batch.advantages[row] * chosen.sum()
+        if loss_type == "grpo":
+            terms.append(term / (len(chosen) * batch.num_sequences))
+        elif loss_type == "dapo":
+            terms.append(term / num_tokens)
+        else:
+            terms.append(term / (batch.num_sequences * max_completion_length))
+    return sum(terms)
+
+
+def first_pass_loss(model, batch) -> float:
     with torch.no_grad():
-        for row, length in enumerate(batch.attention_mask.sum(1).tolist()):
-            ids = batch.input_ids[row, :length]
-            logp = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1], -1).gather(-1, ids[1:, None])
-            chosen = logp.squeeze(-1)[batch.loss_mask[row, 1:length]]
-            total -= batch.advantages[row].item() * chosen.mean().item()
-    return total / batch.num_sequences
+        return hand_loss(model, batch).item()
 
 
 def test_repeated_steps_raise_the_chosen_tokens_logprobs(make_llama, make_lora, make_batch):
     model, batch = make_lora(make_llama(), perturb=False), make_batch(advantages=[1.0] * 6)
     optimizer = build_optimizer(model, lr=1e-2)
     before = batch_logprobs(model, batch, 6)
-    losses = [independent_loss(model, batch)]
+    losses = [first_pass_loss(model, batch)]
     for _ in range(6):
         stats = train_step(
             model, optimizer, None, batch, LossConfig(num_iterations=2), micro_batch_size=4, **STEP
         )
         # pass 1 has ratio 1 (loss -1); pass 2 has ratios > 1, clipped at 1.2 for A > 0
         assert -1.2 <= stats.loss.loss.item() < -1.0
-        losses.append(independent_loss(model, batch))
+        losses.append(first_pass_loss(model, batch))
     after = batch_logprobs(model, batch, 6)
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False))
     rise = torch.where(batch.loss_mask, after - before, 0.0).sum(1) / batch.loss_mask.sum(1)
@@ -218,24 +234,6 @@ def test_bad_arguments_leave_the_model_untouched(make_llama, make_lora, make_bat
         build_optimizer(model.get_base_model().model.embed_tokens, lr=1e-2)
     for name, value in snapshot(model).items():
         assert torch.equal(value, before[name]), name
-
-
-# advantage 0 on rows 1, 3 and 5: a GRPO group whose rewards are all equal, and the like
-SOME_ZERO = [0.5, 0.0, 1.5, 0.0, -0.75, 0.0]
-
-
-def hand_loss(model, batch, loss_type: str, max_completion_length: int):
-    """The first pass's loss (ratio 1, no KL) by hand, differentiable: -A_i logp_{i,t} summed over the
-    loss tokens of each unpadded row, divided as the loss type says, from a plain forward of every row."""
-    terms, num_tokens = [], int(batch.loss_mask.sum())
-    for row, length in enumerate(batch.attention_mask.sum(1).tolist()):
-        ids = batch.input_ids[row, :length]
-        logp = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1], -1).gather(-1, ids[1:, None])
-        chosen = logp[:, 0][batch.loss_mask[row, 1:length]]
-        term = -batch.advantages[row] * chosen.sum()
-        divisor = {"grpo": len(chosen) * batch.num_sequences, "dapo": num_tokens}
-        terms.append(term / divisor.get(loss_type, batch.num_sequences * max_completion_length))
-    return sum(terms)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])

@@ -13,12 +13,16 @@ from rollout_engine.sequence import Sequence, SequenceStatus
 _ids = iter(range(10**9))
 
 
+def seq_of(tokens: list[int], n: int = 1, seq_id: int | None = None) -> Sequence:
+    seq_id = next(_ids) if seq_id is None else seq_id
+    rngs = [random.Random(i) for i in range(n)]
+    return Sequence(seq_id, seq_id, list(tokens), len(tokens), SamplingParams(n=n), rngs)
+
+
 def make_seq(num_tokens, n=1) -> Sequence:
+    """A prompt of num_tokens tokens that starts unlike the other sequences' (no shared prefix)."""
     seq_id = next(_ids)
-    tokens = [(seq_id * 7 + i) % 50 for i in range(num_tokens)]
-    return Sequence(
-        seq_id, seq_id, tokens, num_tokens, SamplingParams(n=n), [random.Random(i) for i in range(n)]
-    )
+    return seq_of([(seq_id * 7 + i) % 50 for i in range(num_tokens)], n, seq_id)
 
 
 def run_step(scheduler: Scheduler) -> list[tuple[int, int]]:
@@ -107,11 +111,6 @@ def test_group_samples_count_against_max_num_seqs():
 def test_budget_below_max_num_seqs_is_rejected():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Scheduler(BlockManager(8, 4), max_num_seqs=16, max_num_batched_tokens=8)
-
-
-def seq_of(tokens: list[int]) -> Sequence:
-    seq_id = next(_ids)
-    return Sequence(seq_id, seq_id, list(tokens), len(tokens), SamplingParams(), [random.Random(0)])
 
 
 def test_a_prompt_waits_for_the_blocks_another_prompt_is_computing():
