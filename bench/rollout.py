@@ -16,9 +16,10 @@ matmul roofline the engine reaches. Ends with one JSON line.
 
 --lora wraps the model in a rank-16 peft adapter on all 7 projections with random non-zero B (peft starts B at
 zero); every run then samples with it, and the same engine also runs the workload without it (lora=None
-requests), each to exactly max_tokens from an empty prefix cache, best of --repeats. The LoRA share of
-engine time is 1 - t_base / t_lora, from wall time and from process CPU time (robust to a busy machine at
---threads 1).
+requests), each to exactly max_tokens from an empty prefix cache, best of --repeats. Each LoRA run starts
+with a weight sync (`set_lora_version`, the job's in-place sync), so its time includes re-merging the adapter
+into the packed weights. The LoRA share of engine time is 1 - t_base / t_lora, from wall time and from
+process CPU time (robust to a busy machine at --threads 1).
 
 With --random-weights the model is a seeded random SmolLM2-shaped Llama and the prompts are random token ids
 of the chat prompts' lengths; no EOS exists, so both sides generate exactly max_tokens per sample (the same
@@ -116,6 +117,8 @@ def lora_share(engine: LLMEngine, prompts, args) -> dict[str, float]:
             )
             engine.reset_prefix_cache()
             wall, cpu = time.perf_counter(), time.process_time()
+            if lora is not None:  # a weight sync, as every training step makes: the merged packs are rebuilt
+                engine.set_lora_version(engine.lora.version + 1)
             engine.generate(prompts, params)
             times[0] = min(times[0], time.perf_counter() - wall)
             times[1] = min(times[1], time.process_time() - cpu)

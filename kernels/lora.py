@@ -31,26 +31,30 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import HAS_TRITON, check_triton_device, dot_precision, get_backend, use_triton
+from kernels.cpu_gemm import WeightUpdate
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class StackedLora:
     """The LoRA weights of projections that read one input, with one rank r and one scale.
 
     a [num * r, in] stacks their A by rows and b holds each B [out, r]: the layout weights are synced in,
     read by the Triton kernels and the reference. On the CPU, a_t = A^T [in, num * r] and
-    b_t[i] = scale * B_i^T [r, out] are transposed copies for MKL; `refresh` re-derives them after a and b
-    are written."""
+    b_t[i] = scale * B_i^T [r, out] are transposed copies for MKL, and updates[i] is projection i's
+    scale * B_i A_i as a WeightUpdate of its base weight (kernels/cpu_gemm.py merges it into the packed
+    weight); `refresh` re-derives them after a and b are written, and bumps `version`."""
 
     a: torch.Tensor
     b: tuple[torch.Tensor, ...]
     scale: float
     a_t: torch.Tensor | None = field(init=False, default=None)
     b_t: tuple[torch.Tensor, ...] = field(init=False, default=())
+    version: int = field(init=False, default=0)
+    updates: tuple[WeightUpdate, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         rank = self.b[0].shape[1] if self.b and self.b[0].dim() == 2 else 0
@@ -79,6 +83,12 @@ class StackedLora:
             self.a_t.copy_(self.a.t())
             for b_t, b in zip(self.b_t, self.b, strict=True):
                 torch.mul(b.t(), self.scale, out=b_t)
+        self.version += 1
+        rank = self.rank
+        self.updates = tuple(
+            WeightUpdate(b_t.t(), self.a_t[:, i * rank : (i + 1) * rank].t(), self, self.version)
+            for i, b_t in enumerate(self.b_t)
+        )
 
 
 def lora_shrink_torch(x: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:

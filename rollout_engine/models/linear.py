@@ -2,7 +2,9 @@
 
 The base product reads the HF layer's own parameters at call time. On the CPU, fp32 weights are multiplied
 through one MKL-packed copy each (kernels/cpu_gemm.py; about the weights' size in all, 540 MB for
-SmolLM2-135M), re-packed at the next call after the parameter is updated in place or replaced.
+SmolLM2-135M), re-packed at the next call after the parameter is updated in place or replaced. A step whose
+tokens all use the LoRA adapter multiplies the adapted projections through packs of their merged weights
+instead (rollout_engine/lora.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 from torch import nn
 
 from kernels.cpu_gemm import packed_linear
-from rollout_engine.lora import LoraGroup, LoraTokens, add_lora_delta
+from rollout_engine.lora import LoraGroup, LoraTokens, add_lora_delta, merged_products
 
 
 def base_linear(module: nn.Module) -> nn.Linear:
@@ -32,12 +34,24 @@ def linears(
     tokens: LoraTokens | None = None,
 ) -> list[torch.Tensor]:
     """y = x W^T + b for each layer reading x, with the HF layer's own parameter tensors (read at call time;
-    on the CPU through their packed copies), plus the engine's LoRA delta (one shrink per group) on the tokens
-    that use the adapter."""
-    ys = [packed_linear(x, layer.weight, layer.bias) for layer in layers]
+    on the CPU through their packed copies), plus the engine's LoRA delta on the tokens that use the adapter:
+    merged into the packed weights when every token does, else one shrink per group."""
+    ys: list[torch.Tensor | None] = [None] * len(layers)
+    with_delta = []
     if tokens is not None and tokens.enabled:
         for group in groups:
-            add_lora_delta(ys, x, group, tokens.mask)
+            merged = merged_products(x, layers, group) if tokens.mask is None else None
+            if merged is None:
+                with_delta.append(group)
+                continue
+            for position, y in zip(group.positions, merged, strict=True):
+                ys[position] = y
+    ys = [
+        packed_linear(x, layer.weight, layer.bias) if y is None else y
+        for y, layer in zip(ys, layers, strict=True)
+    ]
+    for group in with_delta:
+        add_lora_delta(ys, x, group, tokens.mask)
     return ys
 
 

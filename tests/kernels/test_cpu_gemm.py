@@ -1,7 +1,8 @@
 """packed_linear against F.linear: the MKL-packed product on fp32 CPU tensors for any row count, a pack
 rebuilt when its weight is written in place or its data replaced and freed with its weight, and F.linear
 itself for everything the pack does not cover (few rows, other dtypes, inference tensors, autograd, the
-torch backend, bad shapes)."""
+torch backend, bad shapes); packed_sum_linear against F.linear of the merged weight W + L R, its pack
+rebuilt when the update's version moves and freed with the update's owner."""
 
 import gc
 
@@ -10,7 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from kernels import use_backend
-from kernels.cpu_gemm import HAS_MKL_PACKING, MIN_PACKED_ROWS, packed_linear, packed_weight_bytes
+from kernels.cpu_gemm import (
+    HAS_MKL_PACKING,
+    MIN_PACKED_ROWS,
+    WeightUpdate,
+    packed_linear,
+    packed_sum_linear,
+    packed_weight_bytes,
+)
 
 requires_mkl = pytest.mark.skipif(
     not HAS_MKL_PACKING, reason="this torch has no MKL (torch._C.has_mkl is false): packed_linear is F.linear"
@@ -131,3 +139,75 @@ def test_mismatched_shapes_raise_f_linears_error(gen):
         packed_linear(torch.randn(16, 31, generator=gen), weight)
     with torch.no_grad(), pytest.raises(RuntimeError):
         packed_linear(torch.randn(16, 32, generator=gen), weight, torch.randn(47, generator=gen))
+
+
+class Factors:
+    """The owner of a low-rank update: writes left [out, r] and right [r, in] and bumps its version."""
+
+    def __init__(self, out_features: int, in_features: int, rank: int, gen: torch.Generator) -> None:
+        self.left = torch.randn(out_features, rank, generator=gen)
+        self.right = torch.randn(rank, in_features, generator=gen)
+        self.version = 0
+
+    def update(self) -> WeightUpdate:
+        return WeightUpdate(self.left, self.right, self, self.version)
+
+
+@requires_mkl
+@pytest.mark.parametrize("num_rows", [MIN_PACKED_ROWS, 64, 200])
+def test_packed_sum_linear_multiplies_by_the_merged_weight(num_rows, gen):
+    weight = frozen_weight(96, 72, gen)
+    bias = torch.randn(96, generator=gen)
+    factors = Factors(96, 72, 8, gen)
+    x = torch.randn(num_rows, 72, generator=gen)
+    before = packed_weight_bytes()
+    y = packed_sum_linear(x, weight, bias, factors.update())
+    expected = F.linear(x, weight + factors.left @ factors.right, bias)
+    torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-5)
+    assert packed_weight_bytes() - before == weight.nbytes
+    # the base weight's own pack is another pack, beside the merged one
+    base = packed_linear(x, weight, bias)
+    torch.testing.assert_close(base, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+    assert packed_weight_bytes() - before == 2 * weight.nbytes
+
+
+@requires_mkl
+def test_a_new_update_version_rebuilds_the_merged_pack_in_place_of_the_old(gen):
+    weight = frozen_weight(48, 32, gen)
+    factors = Factors(48, 32, 4, gen)
+    x = torch.randn(16, 32, generator=gen)
+    packed_sum_linear(x, weight, None, factors.update())
+    before = packed_weight_bytes()
+    factors.left.mul_(-3)
+    factors.version += 1
+    y = packed_sum_linear(x, weight, None, factors.update())
+    torch.testing.assert_close(y, F.linear(x, weight + factors.left @ factors.right), atol=1e-4, rtol=1e-5)
+    with torch.no_grad():
+        weight.add_(1)  # the base weight changing also rebuilds it
+    y = packed_sum_linear(x, weight, None, factors.update())
+    torch.testing.assert_close(y, F.linear(x, weight + factors.left @ factors.right), atol=1e-4, rtol=1e-5)
+    assert packed_weight_bytes() == before  # the stale packs were dropped
+
+
+@requires_mkl
+def test_a_freed_update_owner_frees_its_merged_pack(gen):
+    weight = frozen_weight(48, 32, gen)
+    factors = Factors(48, 32, 4, gen)
+    before = packed_weight_bytes()
+    packed_sum_linear(torch.randn(8, 32, generator=gen), weight, None, factors.update())
+    assert packed_weight_bytes() - before == weight.nbytes
+    del factors
+    gc.collect()
+    assert packed_weight_bytes() == before
+
+
+def test_packed_sum_linear_declines_what_packed_linear_does_not_pack(gen):
+    weight = frozen_weight(48, 32, gen)
+    factors = Factors(48, 32, 4, gen)
+    before = packed_weight_bytes()
+    with torch.no_grad():
+        assert packed_sum_linear(torch.randn(MIN_PACKED_ROWS - 1, 32), weight, None, factors.update()) is None
+        assert packed_sum_linear(torch.randn(8, 32).double(), weight, None, factors.update()) is None
+        with use_backend("torch"):
+            assert packed_sum_linear(torch.randn(8, 32), weight, None, factors.update()) is None
+    assert packed_weight_bytes() == before

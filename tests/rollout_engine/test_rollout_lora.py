@@ -9,6 +9,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
+import rollout_engine.models.linear as linear_module  # noqa: E402
+from kernels.cpu_gemm import HAS_MKL_PACKING, MIN_PACKED_ROWS  # noqa: E402
 from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
 from rl.sync.transport import InProcessSync  # noqa: E402
 from rollout_engine import SamplingParams  # noqa: E402
@@ -65,6 +67,35 @@ def test_sync_makes_the_engine_follow_new_weights_and_drops_stale_prefix_cache()
     assert stats.bytes == sum(t.numel() * t.element_size() for t in lora_tensors(model).values())
     again = engine.generate([prompt], GREEDY)[0].samples[0].token_ids
     assert again == after and engine.stats()["prefix_cache_hits"] > hits  # same version: the cache serves
+
+
+@pytest.mark.skipif(not HAS_MKL_PACKING, reason="this torch has no MKL: no packed, merged weights")
+def test_steps_of_policy_tokens_run_merged_weights_that_follow_each_sync(monkeypatch):
+    model = peft_model("llama", "all")
+    engine = make_engine(model)
+    sync = InProcessSync(engine)
+    prompts = random_prompts([5, 12, 9, 7, 14, 6], seed=3)  # 6 sequences: every step has 6 tokens or more
+    with_delta = []  # token counts of the steps that added the delta to the base products
+    add_lora_delta = linear_module.add_lora_delta
+
+    def spy(ys, x, group, mask):
+        with_delta.append(x.shape[0])
+        add_lora_delta(ys, x, group, mask)
+
+    monkeypatch.setattr(linear_module, "add_lora_delta", spy)
+    for version in (1, 2):
+        sync.push(lora_tensors(model), version=version)
+        for prompt, group in zip(prompts, engine.generate(prompts, GREEDY), strict=True):
+            (sample,) = group.samples
+            assert sample.token_ids == hf_greedy(model, prompt, 10)
+            expected = hf_logprobs(model, prompt, sample.token_ids, temperature=1.0)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+        randomize_lora(model, seed=700)
+    assert with_delta == []
+    # a single sequence's decode is not packed: it adds the delta to the base product
+    prompt = prompts[0]
+    assert engine.generate([prompt], GREEDY)[0].samples[0].token_ids == hf_greedy(model, prompt, 10)
+    assert with_delta and max(with_delta) < MIN_PACKED_ROWS
 
 
 def test_mixed_batch_serves_base_and_policy_requests_together():
