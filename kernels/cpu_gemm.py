@@ -2,17 +2,23 @@
 
 `F.linear` on the CPU calls MKL's cblas_sgemm, which copies the weight matrix into its blocked layout on
 every call; at decode batch sizes that copy is a large part of the call. `packed_linear` keeps one
-packed copy per weight (`torch.ops.mkl._mkl_reorder_linear_weight`, what Inductor's freezing uses for fp32
-CPU linear) and multiplies with cblas_sgemm_compute (`torch.ops.mkl._mkl_linear`). One pack, made for 64
-rows, serves every row count: MKL's results from it equal F.linear's at other counts too (the tests check
-this on each machine they run on).
+packed copy per weight, made by MKL's cblas_sgemm_pack for 64 rows, and multiplies with cblas_sgemm_compute:
+the calls `torch.ops.mkl._mkl_reorder_linear_weight` and `_mkl_linear` make (what Inductor's freezing uses
+for fp32 CPU linear), with the same results bit for bit, from the MKL that torch's CPU library carries. One
+pack serves every row count: MKL's results from it equal F.linear's at other counts too (the tests check this
+on each machine they run on).
 
 A pack is rebuilt when its weight changes: an in-place update bumps the tensor's `_version`, and
 `param.data = new` changes its `data_ptr()`; a write through `param.data` (which shares the storage but not
-the version counter) is not seen, as it is not by autograd either. Packs are held by a weak reference to
-their weight, so a freed parameter frees its pack. MKL reserves more address space for a pack than its
-weight's size (2.7 GB for SmolLM2-135M's 540 MB of projections), but the process's resident memory grows by
-the weights' size only (measured).
+the version counter) is not seen, as it is not by autograd either. It is rebuilt in place, into the buffer it
+already has, so a weight updated every step costs no allocation. Packs are held by a weak reference to their
+weight, so a freed parameter frees its pack. MKL asks for more room for a pack than its weight's size (2.7 GB
+for SmolLM2-135M's 540 MB of projections; 8.8-13.3 MB for each of its 0.4-3.4 MB projection matrices), but
+writes only about the weight's size of it, so the process's resident memory grows by that (measured).
+Allocating and freeing such buffers on every weight update would not do: the first free of a buffer that glibc
+had mapped on its own raises glibc's threshold for mapping allocations to that size, and from then on
+buffers and activations share its heap, where the untouched room of each buffer lands on pages that were
+touched before (the default job's peak grew by 0.55 GB over 12 steps that way).
 
 Measured on a 2-core Intel Xeon reporting AVX512 (torch.backends.cpu.get_cpu_capability(); torch 2.13),
 fp32, SmolLM2-135M's shapes (576x576, 192x576, 1536x576, 576x1536 and the 49152x576 LM head), packed /
@@ -28,7 +34,7 @@ Other CPUs (AVX2 AMD EPYC) run MKL's own code for them, with the same results; t
 measured there.
 
 Everything else is exactly F.linear: CUDA tensors, other dtypes, weights made under inference_mode,
-torch without MKL, autograd, and the "torch" kernel backend.
+torch without MKL's packing calls, autograd, and the "torch" kernel backend.
 
 `packed_sum_linear` multiplies by a weight plus a low-rank update, W + L R (a LoRA adapter merged into its
 base projection), through one pack of the sum: a product the size of the base's alone, where adding the
@@ -39,7 +45,9 @@ says its factors changed (a new `version`).
 
 from __future__ import annotations
 
+import ctypes
 import weakref
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -47,9 +55,31 @@ import torch.nn.functional as F
 
 from kernels.backend import get_backend
 
-HAS_MKL_PACKING = torch._C.has_mkl and all(
-    hasattr(torch.ops.mkl, op) for op in ("_mkl_reorder_linear_weight", "_mkl_linear")
-)
+
+def _mkl_calls() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
+    """cblas_sgemm_pack_get_size, cblas_sgemm_pack and cblas_sgemm_compute of the MKL in torch's CPU
+    library, or None where it has none (torch without MKL)."""
+    if not torch._C.has_mkl:
+        return None
+    try:
+        library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        get_size, pack, compute = (
+            library.cblas_sgemm_pack_get_size,
+            library.cblas_sgemm_pack,
+            library.cblas_sgemm_compute,
+        )
+    except (OSError, AttributeError):
+        return None
+    i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    get_size.restype, get_size.argtypes = ctypes.c_size_t, [i] * 4
+    pack.restype, pack.argtypes = None, [i] * 6 + [f, p, i, p]
+    compute.restype, compute.argtypes = None, [i] * 6 + [p, i, p, i, f, p, i]
+    return get_size, pack, compute
+
+
+_MKL = _mkl_calls()
+HAS_MKL_PACKING = _MKL is not None
+_ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162  # MKL's CBLAS constants
 MIN_PACKED_ROWS = 4
 _PACK_ROWS_HINT = 64  # the row count MKL is told to expect; any count uses the same pack
 
@@ -70,7 +100,7 @@ class _Pack(NamedTuple):
     version: int
     data_ptr: int
     update_version: int
-    packed: torch.Tensor
+    packed: torch.Tensor  # the buffer MKL packed into (uint8)
     num_bytes: int  # what the pack holds in memory: its weight's size
 
 
@@ -84,19 +114,21 @@ def _forget(key: tuple[int, int]) -> None:
 
 
 def _pack_of(weight: torch.Tensor, update: WeightUpdate | None) -> torch.Tensor | None:
-    """The pack of the weight (plus the update), rebuilt when the weight was written in place or its data
-    replaced, or the update's version moved; None for a weight MKL cannot pack (not a contiguous fp32 CPU
+    """The pack of the weight (plus the update), rebuilt in place when the weight was written in place or its
+    data replaced, or the update's version moved; None for a weight MKL cannot pack (not a contiguous fp32 CPU
     matrix) or whose writes cannot be seen (an inference tensor)."""
     owners = (weight,) if update is None else (weight, update.owner)
     key = (id(weight), id(update.owner) if update is not None else 0)
     update_version = update.version if update is not None else 0
     pack = _packs.get(key)
+    same_owners = pack is not None and all(
+        ref() is owner for ref, owner in zip(pack.refs, owners, strict=True)
+    )
     if (
-        pack is not None
+        same_owners
         and pack.version == weight._version
         and pack.data_ptr == weight.data_ptr()
         and pack.update_version == update_version
-        and all(ref() is owner for ref, owner in zip(pack.refs, owners, strict=True))
     ):
         return pack.packed
     packable = (
@@ -105,13 +137,32 @@ def _pack_of(weight: torch.Tensor, update: WeightUpdate | None) -> torch.Tensor 
     if not packable or weight.is_inference():  # an inference tensor has no version counter to watch
         _packs.pop(key, None)  # a stale pack of this weight's old data
         return None
-    _packs.pop(key, None)  # the stale pack is freed before its successor is made
+    out_features, in_features = weight.shape
+    get_size, pack_into, _ = _MKL
+    if same_owners:  # the weight or the update changed: the same buffer takes the new pack
+        buffer, refs = pack.packed, pack.refs
+    else:
+        _packs.pop(key, None)
+        buffer = torch.empty(
+            get_size(_B_MATRIX, _PACK_ROWS_HINT, out_features, in_features), dtype=torch.uint8
+        )
+        refs = tuple(weakref.ref(owner, lambda _: _forget(key)) for owner in owners)
     with torch.no_grad():
         source = weight if update is None else torch.addmm(weight, update.left, update.right)
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(source, _PACK_ROWS_HINT)
-    refs = tuple(weakref.ref(owner, lambda _: _forget(key)) for owner in owners)
-    _packs[key] = _Pack(refs, weight._version, weight.data_ptr(), update_version, packed, weight.nbytes)
-    return packed
+        pack_into(
+            _ROW_MAJOR,
+            _B_MATRIX,
+            _TRANS,
+            _PACK_ROWS_HINT,
+            out_features,
+            in_features,
+            1.0,
+            source.data_ptr(),
+            in_features,
+            buffer.data_ptr(),
+        )
+    _packs[key] = _Pack(refs, weight._version, weight.data_ptr(), update_version, buffer, weight.nbytes)
+    return buffer
 
 
 def _takes_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -138,7 +189,30 @@ def _packed_product(
     packed = _pack_of(weight, update)
     if packed is None:
         return None
-    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, x.numel() // x.shape[-1])
+    out_features, in_features = weight.shape
+    rows = x.reshape(-1, in_features)
+    if rows.stride(1) != 1 or rows.stride(0) < in_features:
+        rows = rows.contiguous()
+    num_rows = rows.shape[0]
+    y = torch.empty(num_rows, out_features, dtype=torch.float32)
+    if bias is not None:
+        y.copy_(bias.expand(num_rows, out_features))
+    _MKL[2](
+        _ROW_MAJOR,
+        _NO_TRANS,
+        _PACKED,
+        num_rows,
+        out_features,
+        in_features,
+        rows.data_ptr(),
+        rows.stride(0),
+        packed.data_ptr(),
+        in_features,
+        1.0 if bias is not None else 0.0,
+        y.data_ptr(),
+        out_features,
+    )
+    return y.view(*x.shape[:-1], out_features)
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import use_backend
+from kernels import cpu_gemm, use_backend
 from kernels.cpu_gemm import (
     HAS_MKL_PACKING,
     MIN_PACKED_ROWS,
@@ -41,6 +41,40 @@ def test_packed_linear_equals_f_linear(num_rows, with_bias, gen):
     torch.testing.assert_close(y, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
     packed = num_rows >= MIN_PACKED_ROWS
     assert packed_weight_bytes() - before == (weight.nbytes if packed else 0)
+
+
+@requires_mkl
+@pytest.mark.parametrize("num_rows", [MIN_PACKED_ROWS, 64, 130])
+def test_packed_linear_is_bit_for_bit_torchs_own_mkl_packed_linear(num_rows, gen):
+    """The same MKL calls as torch.ops.mkl's reorder and linear (Inductor's fp32 CPU linear), into our own
+    buffers: the same bits."""
+    weight = frozen_weight(200, 72, gen)
+    bias = torch.randn(200, generator=gen)
+    x = torch.randn(num_rows, 72, generator=gen)
+    theirs = torch.ops.mkl._mkl_reorder_linear_weight(weight, 64)
+    for b in (None, bias):
+        expected = torch.ops.mkl._mkl_linear(x, theirs, weight, b, num_rows)
+        assert torch.equal(packed_linear(x, weight, b), expected)
+
+
+@requires_mkl
+def test_a_rebuilt_pack_reuses_its_buffer(gen):
+    weight = frozen_weight(48, 32, gen)
+    factors = Factors(48, 32, 4, gen)
+    x = torch.randn(16, 32, generator=gen)
+    packed_linear(x, weight)
+    packed_sum_linear(x, weight, None, factors.update())
+    buffers = {key: pack.packed.data_ptr() for key, pack in cpu_gemm._packs.items() if key[0] == id(weight)}
+    with torch.no_grad():
+        weight.mul_(0.5)
+    factors.version += 1
+    torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+    merged = packed_sum_linear(x, weight, None, factors.update())
+    torch.testing.assert_close(
+        merged, F.linear(x, weight + factors.left @ factors.right), atol=1e-4, rtol=1e-5
+    )
+    after = {key: pack.packed.data_ptr() for key, pack in cpu_gemm._packs.items() if key[0] == id(weight)}
+    assert len(buffers) == 2 and after == buffers
 
 
 @requires_mkl
