@@ -139,13 +139,12 @@ def _pack_of(weight: torch.Tensor, update: WeightUpdate | None) -> torch.Tensor 
         return None
     out_features, in_features = weight.shape
     get_size, pack_into, _ = _MKL
-    if same_owners:  # the weight or the update changed: the same buffer takes the new pack
+    size = get_size(_B_MATRIX, _PACK_ROWS_HINT, out_features, in_features)
+    if same_owners and pack.packed.numel() == size:  # new values, same shape: the buffer takes the new pack
         buffer, refs = pack.packed, pack.refs
     else:
         _packs.pop(key, None)
-        buffer = torch.empty(
-            get_size(_B_MATRIX, _PACK_ROWS_HINT, out_features, in_features), dtype=torch.uint8
-        )
+        buffer = torch.empty(size, dtype=torch.uint8)
         refs = tuple(weakref.ref(owner, lambda _: _forget(key)) for owner in owners)
     with torch.no_grad():
         source = weight if update is None else torch.addmm(weight, update.left, update.right)

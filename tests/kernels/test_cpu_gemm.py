@@ -109,6 +109,10 @@ def test_replaced_weight_data_is_seen_by_the_next_call(gen):
         layer.weight.data = torch.randn(48, 32, generator=gen)
         expected = F.linear(x, layer.weight, layer.bias)
         torch.testing.assert_close(packed_linear(x, layer.weight, layer.bias), expected, atol=1e-5, rtol=1e-5)
+        layer.weight.data = torch.randn(48, 16, generator=gen)  # another shape: the pack needs another buffer
+        x = torch.randn(16, 16, generator=gen)
+        expected = F.linear(x, layer.weight, layer.bias)
+        torch.testing.assert_close(packed_linear(x, layer.weight, layer.bias), expected, atol=1e-5, rtol=1e-5)
 
 
 @requires_mkl
