@@ -368,7 +368,7 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     check_config(cfg)
     cfg.run_dir = dp.broadcast_object(cfg.run_dir, dist)  # Hydra may stamp each rank's directory differently
     if dist.is_main:
-        check_run_dir(cfg.run_dir)  # before the model loads: the logs and checkpoints go there
+        check_run_dir(cfg.run_dir, cfg.resume)  # before the model loads: the logs and checkpoints go there
     parts = build_parts(cfg, dist)
     optimizer = build_optimizer(parts.model, cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
     scheduler = build_lr_scheduler(

@@ -109,8 +109,9 @@ def save_checkpoint(
         ) from err
 
 
-def check_run_dir(run_dir: str | os.PathLike) -> None:
-    """Refuse, before any work starts, a run directory that cannot hold the logs and checkpoints."""
+def check_run_dir(run_dir: str | os.PathLike, resume: bool = False) -> None:
+    """Refuse, before any work starts, a run directory that cannot hold the logs and checkpoints, or, for a
+    new run (not `resume`), one that holds an earlier run's checkpoints, which the new run would replace."""
     path = Path(run_dir)
     checkpoints = path / CHECKPOINTS
     try:
@@ -129,6 +130,15 @@ def check_run_dir(run_dir: str | os.PathLike) -> None:
         raise RunDirError(
             f"{checkpoints} is a file, but checkpoints are saved in a directory of that name: move the file "
             "away or pass another run_dir"
+        )
+    if resume or not checkpoints.is_dir():
+        return
+    earlier = [step.name for step in _step_dirs(checkpoints) if _is_complete(step)]
+    if earlier:
+        raise RunDirError(
+            f"run_dir={run_dir} holds an earlier run's checkpoints (the last: {earlier[-1]}), which a new "
+            "run would replace, and whose logs it would add to: pass resume=true to continue that run, or "
+            "another run_dir for a new one"
         )
 
 

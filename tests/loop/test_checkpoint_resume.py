@@ -284,6 +284,20 @@ def test_a_run_dir_that_cannot_be_written_is_refused_before_any_work(tmp_path):
         check_run_dir(locked)
 
 
+def test_a_new_run_is_refused_a_run_dir_with_an_earlier_runs_checkpoints(tmp_path):
+    model, optimizer, scheduler, _ = trained(1)
+    (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)  # an unfinished save counts for nothing
+    check_run_dir(tmp_path)
+    save_checkpoint(tmp_path, 2, model, optimizer, scheduler, {"index": 2})
+    saved = sorted(path.name for path in (tmp_path / "checkpoints" / "step_2").iterdir())
+    with pytest.raises(
+        RunDirError, match=r"holds an earlier run's checkpoints \(the last: step_2\).*resume=true"
+    ):
+        check_run_dir(tmp_path)
+    check_run_dir(tmp_path, resume=True)
+    assert sorted(path.name for path in (tmp_path / "checkpoints" / "step_2").iterdir()) == saved
+
+
 def test_a_save_that_cannot_write_is_one_message_and_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
     model, optimizer, scheduler, _ = trained(1)
     save_checkpoint(tmp_path, 1, model, optimizer, scheduler, {"index": 1})

@@ -304,6 +304,16 @@ def test_a_run_dir_that_is_a_file_stops_the_run_before_the_model_loads(train_mod
         train_module.train(compose_cfg(tmp_path / "run"))
 
 
+def test_a_new_run_into_an_earlier_runs_directory_stops_before_the_model_loads(
+    train_module, tmp_path, monkeypatch, three_steps
+):
+    run_dir, _ = three_steps
+    monkeypatch.setattr(train_module, "build_parts", never_built)
+    with pytest.raises(train_module.RunDirError, match="earlier run's checkpoints .the last: step_3"):
+        train_module.train(compose_cfg(run_dir))
+    assert find_latest(run_dir).name == "step_3"
+
+
 def test_resume_without_a_checkpoint_says_so_and_starts_at_step_0(train_module, tmp_path, capsys):
     parts = types.SimpleNamespace(dist=train_module.dp.SINGLE_PROCESS)
     assert train_module.resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None) == 0
