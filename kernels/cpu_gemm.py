@@ -4,7 +4,9 @@
 every call; at decode batch sizes that copy is a large part of the call. `packed_linear` keeps one
 packed copy per weight, made by MKL's cblas_sgemm_pack for 64 rows, and multiplies with cblas_sgemm_compute:
 the calls `torch.ops.mkl._mkl_reorder_linear_weight` and `_mkl_linear` make (what Inductor's freezing uses
-for fp32 CPU linear), with the same results bit for bit, from the MKL that torch's CPU library carries. One
+for fp32 CPU linear), with the same results bit for bit, from the MKL that torch's CPU library carries (the
+engine's generation ran 10-16% faster through these calls than through torch's two ops, in an interleaved
+A/B of bench/rollout.py's workload; see bench/RESULTS.md). One
 pack serves every row count: MKL's results from it equal F.linear's at other counts too (the tests check this
 on each machine they run on).
 
