@@ -44,7 +44,7 @@ def kernel_specs(dtype: str, head_dim: int, group: int) -> list:
 
     from kernels import (
         activation,
-        lora,
+        lora_triton,
         paged_decode,
         paged_prefill,
         reshape_and_cache,
@@ -132,7 +132,7 @@ def kernel_specs(dtype: str, head_dim: int, group: int) -> list:
         ),
         (
             "lora_shrink",
-            lora._lora_shrink_kernel,
+            lora_triton._lora_shrink_kernel,
             {"x_ptr": act, "a_ptr": act, "h_ptr": "*fp32"},
             {
                 "SPLIT": True,
@@ -145,14 +145,14 @@ def kernel_specs(dtype: str, head_dim: int, group: int) -> list:
         ),
         (
             "lora_reduce",
-            lora._lora_reduce_kernel,
+            lora_triton._lora_reduce_kernel,
             {"partial_ptr": "*fp32", "h_ptr": act},
             {"BLOCK_T": 16, "BLOCK_R": 16},
             {},
         ),
         (
             "lora_expand",
-            lora._lora_expand_kernel,
+            lora_triton._lora_expand_kernel,
             {"h_ptr": act, "b_ptr": act, "y_ptr": act, "mask_ptr": act},
             {
                 "HAS_MASK": True,
@@ -161,7 +161,7 @@ def kernel_specs(dtype: str, head_dim: int, group: int) -> list:
                 "BLOCK_R": 64,
                 "DOT_PRECISION": precision,
             },
-            {"num_warps": lora.expand_num_warps(getattr(torch, TORCH_DTYPES[dtype]))},
+            {"num_warps": lora_triton.expand_num_warps(getattr(torch, TORCH_DTYPES[dtype]))},
         ),
     ]
 
