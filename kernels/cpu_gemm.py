@@ -88,8 +88,9 @@ _PACK_ROWS_HINT = 64  # the row count MKL is told to expect; any count uses the 
 
 class WeightUpdate(NamedTuple):
     """A low-rank term added to a weight before it is packed: weight + left @ right, for left [out, r] and
-    right [r, in]. `owner` is the object that writes the factors and bumps `version` each time; its pack is
-    held by a weak reference to it, so a freed owner frees its packs."""
+    right [r, in]. `owner` identifies the factors and lives as long as they do; whoever writes them bumps
+    `version` each time. The pack is held by a weak reference to the owner, so a freed owner frees its
+    pack."""
 
     left: torch.Tensor
     right: torch.Tensor

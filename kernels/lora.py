@@ -36,7 +36,7 @@ from kernels.cpu_gemm import WeightUpdate
 from kernels.lora_triton import lora_expand_triton, lora_shrink_triton
 
 
-@dataclass(slots=True, weakref_slot=True)
+@dataclass(slots=True)
 class StackedLora:
     """The LoRA weights of projections that read one input, with one rank r and one scale.
 
@@ -44,7 +44,8 @@ class StackedLora:
     read by the Triton kernels and the reference. On the CPU, a_t = A^T [in, num * r] and
     b_t[i] = scale * B_i^T [r, out] are transposed copies for MKL, and updates[i] is projection i's
     scale * B_i A_i as a WeightUpdate of its base weight (kernels/cpu_gemm.py merges it into the packed
-    weight); `refresh` re-derives them after a and b are written, and bumps `version`."""
+    weight), owned by b_t[i], so the merged packs go when these weights do, with no reference cycle to wait
+    for the garbage collector; `refresh` re-derives them after a and b are written, and bumps `version`."""
 
     a: torch.Tensor
     b: tuple[torch.Tensor, ...]
@@ -84,7 +85,7 @@ class StackedLora:
         self.version += 1
         rank = self.rank
         self.updates = tuple(
-            WeightUpdate(b_t.t(), self.a_t[:, i * rank : (i + 1) * rank].t(), self, self.version)
+            WeightUpdate(b_t.t(), self.a_t[:, i * rank : (i + 1) * rank].t(), b_t, self.version)
             for i, b_t in enumerate(self.b_t)
         )
 

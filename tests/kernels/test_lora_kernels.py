@@ -3,6 +3,7 @@ its reference, refused inputs, and the engine with the Triton path forced agains
 grouped shrink_expand (one shrink over the stacked A of projections sharing an input) gets the same checks,
 per projection, on every backend."""
 
+import gc
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 
 import kernels.lora
 from kernels import use_backend
+from kernels.cpu_gemm import HAS_MKL_PACKING, packed_sum_linear, packed_weight_bytes
 from kernels.lora import StackedLora, lora_expand, lora_shrink, lora_shrink_expand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout_engine"))
@@ -136,6 +138,24 @@ def test_refresh_rederives_the_cpu_copies_after_weights_are_written_in_place(gen
     lora_shrink_expand(x, weights, ys)
     for y, a, b in zip(ys, new_a, new_b, strict=True):
         torch.testing.assert_close(y.double(), formula(x, a, b, SCALE, None), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_MKL_PACKING, reason="this torch has no MKL: no merged packs")
+def test_freed_weights_free_their_merged_packs_at_once(gen):
+    """No reference cycle keeps the packs of W + scale B A alive until the garbage collector runs."""
+    base = torch.randn(24, 16, generator=gen)
+    weights = StackedLora(torch.randn(4, 16, generator=gen), (torch.randn(24, 4, generator=gen),), 0.5)
+    before = packed_weight_bytes()
+    x = torch.randn(8, 16, generator=gen)
+    merged = packed_sum_linear(x, base, None, weights.updates[0])
+    torch.testing.assert_close(merged, x @ (base + 0.5 * weights.b[0] @ weights.a).T, atol=1e-5, rtol=1e-5)
+    assert packed_weight_bytes() - before == base.nbytes
+    gc.disable()
+    try:
+        del weights
+        assert packed_weight_bytes() == before
+    finally:
+        gc.enable()
 
 
 def test_stacked_lora_refuses_mismatched_weights(gen):
