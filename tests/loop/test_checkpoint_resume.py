@@ -81,6 +81,7 @@ def test_save_mutate_load_restores_weights_optimizer_scheduler_and_rng(tmp_path)
     assert again[:2] == draws[:2] and torch.equal(again[2], draws[2])
 
 
+@pytest.mark.usefixtures("fixed_cpu_threads")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_three_steps_save_load_one_step_equals_four_uninterrupted_steps(tmp_path, device):
     reference, _, _, reference_losses = trained(4, device)

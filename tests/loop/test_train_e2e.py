@@ -189,6 +189,7 @@ def test_after_sync_the_engine_samples_from_the_trainers_weights(three_steps, ca
     assert not torch.allclose(base, expected, atol=1e-4)  # the adapter matters, so the check above can fail
 
 
+@pytest.mark.usefixtures("fixed_cpu_threads")
 def test_resume_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_path):
     straight = run(train_module, tmp_path / "a", "num_steps=4", *VOWELS)
     run(train_module, tmp_path / "b", "num_steps=3", *VOWELS)
@@ -201,6 +202,7 @@ def test_resume_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
+@pytest.mark.usefixtures("fixed_cpu_threads")
 def test_resume_with_the_curriculum_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_path):
     curriculum = ["curriculum.enabled=true", *VOWELS]
     straight = run(train_module, tmp_path / "a", "num_steps=4", *curriculum)
