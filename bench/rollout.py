@@ -38,13 +38,12 @@ import torch
 from decode_graphs import SHAPES
 from json_line import emit
 from neighbour import busy_neighbour
-from torch import nn
 from transformers import AutoModelForCausalLM
 
-from kernels.cpu_gemm import packed_linear
 from rl.job.model_loading import load_model
 from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import LLMEngine, SamplingParams
+from rollout_engine.models.linear import linears
 
 TASKS = [
     "Say hello.",
@@ -242,24 +241,32 @@ def step_shapes(engine: LLMEngine):
         del engine.runner.prepare  # the class's method again
 
 
-def matmul_floor_s(model, shapes: list[tuple[int, int]]) -> float:
-    """Seconds a run's matmuls take alone: each step's tokens through every decoder projection (the model's
-    own weights, through the packs the engine uses) and its logits rows through the LM head, with nothing in
-    between: no attention, norms, sampling or scheduling. An fp32 engine on these products can near it, never
-    beat it."""
-    weights = [
-        module.weight
-        for name, module in model.model.layers.named_modules()
-        if isinstance(module, nn.Linear) and "lora_" not in name
+def matmul_floor_s(engine: LLMEngine, shapes: list[tuple[int, int]]) -> float:
+    """Seconds a run's matmuls take alone: each step's tokens through every decoder layer's products as the
+    engine makes them (q/k/v stacked, o, gate/up stacked, down: `linears` on the model's own weights and
+    packs) and its logits rows through the LM head, with nothing in between: no attention, norms, sampling
+    or scheduling. An fp32 engine on these products can near it, never beat it."""
+    decoder = engine.runner.model
+    products = [
+        group
+        for layer in decoder.layers
+        for group in (
+            (layer.q_proj, layer.k_proj, layer.v_proj),
+            (layer.o_proj,),
+            (layer.gate_proj, layer.up_proj),
+            (layer.down_proj,),
+        )
     ]
-    head = model.lm_head.weight
+    head = decoder.lm_head
     most = max(max(tokens, rows) for tokens, rows in shapes)
-    inputs = {n: torch.randn(most, n, dtype=head.dtype) for n in {w.shape[1] for w in weights + [head]}}
+    widths = {layer.in_features for group in products for layer in group} | {head.in_features}
+    inputs = {width: torch.randn(most, width, dtype=head.weight.dtype) for width in widths}
     start = time.perf_counter()
-    for tokens, rows in shapes:
-        for weight in weights:
-            packed_linear(inputs[weight.shape[1]][:tokens], weight)
-        packed_linear(inputs[head.shape[1]][:rows], head)
+    with torch.inference_mode():
+        for tokens, rows in shapes:
+            for group in products:
+                linears(inputs[group[0].in_features][:tokens], group)
+            linears(inputs[head.in_features][:rows], (head,))
     return time.perf_counter() - start
 
 
@@ -326,7 +333,7 @@ def main() -> None:
             engine, prompts, args.group_size, args.max_tokens, args.seed, stop
         )
     stats = engine.stats()
-    floor_s = matmul_floor_s(model, shapes) if model.lm_head.weight.is_cpu else None
+    floor_s = matmul_floor_s(engine, shapes) if model.lm_head.weight.is_cpu else None
     hf_s, hf_tokens = run_hf(model, eos, prompts, args.group_size, args.max_tokens, args.seed)
 
     step_gflops, batch = decode_step_gflops(engine, model, prompts, args.group_size)

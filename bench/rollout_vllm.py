@@ -55,7 +55,7 @@ def run_ours(model, tokenizer, prompts, args) -> tuple[float, int, float]:
     run_engine(engine, prompts[:2], 2, 4, args.seed)  # warm-up
     with step_shapes(engine) as shapes:
         seconds, tokens = run_engine(engine, prompts, args.group_size, args.max_tokens, args.seed)
-    return seconds, tokens, matmul_floor_s(model, shapes)
+    return seconds, tokens, matmul_floor_s(engine, shapes)
 
 
 def vllm_env(vllm_python: Path, threads: int, kv_gib: int) -> tuple[dict[str, str], list[str]]:

@@ -4,9 +4,9 @@ A projection's output is `x W^T + b + scale * (x A^T) B^T`, where W is the share
 B [out, r] live in buffers the engine owns (copied from the peft model once, then overwritten by
 `update_lora`). Per request, the adapter is on ("policy") or off (None, the base model); one batch may mix
 both, through a per-token 0/1 mask. On the CPU, a step whose tokens all use the adapter multiplies by the
-merged weights W + scale B A instead (`merged_products`), packed once per adopted version in place of the
-base weights' packs; a mixed or base-only step, and every step with fewer than 4 tokens, runs the base
-product plus the delta.
+merged weights W + scale B A instead (models/linear.py puts each projection's StackedLora update into the
+pack of its stack), packed once per adopted version in place of the base weights' packs; a mixed or base-only
+step, and every step with fewer than 4 tokens, runs the base product plus the delta.
 
 Projections that read the same input (q/k/v, gate/up) and share a rank and scale form a LoraGroup: their A
 buffers are rows of one stacked tensor, so a single shrink serves them all. On the CPU the kernels read
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.cpu_gemm import packed_sum_linear
 from kernels.lora import StackedLora, lora_shrink_expand
 from rollout_engine.sync_contract import active_adapter, copy_update, lora_layers
 
@@ -125,25 +124,6 @@ class LoraAdapter:
         """Copy new weights in place after validating all of them; the old weights serve on any error."""
         copy_update(self.buffers(), named, version, self.version)
         self.version = version
-
-
-def merged_products(
-    x: torch.Tensor, layers: Sequence[nn.Linear], group: LoraGroup
-) -> list[torch.Tensor] | None:
-    """x (W_p + scale B_p A_p)^T + b_p for each projection p of the group (layers holds every projection
-    given to groups_for), each through a pack of its merged weight (kernels/cpu_gemm.py), so the adapter adds
-    no products; None where a base product would not be packed either (CUDA, fewer than MIN_PACKED_ROWS
-    tokens, the torch backend): the caller then adds the delta to the base products."""
-    if not group.weights.updates:  # off the CPU
-        return None
-    products = []
-    for position, update in zip(group.positions, group.weights.updates, strict=True):
-        layer = layers[position]
-        y = packed_sum_linear(x, layer.weight, layer.bias, update)
-        if y is None:
-            return None
-        products.append(y)
-    return products
 
 
 def add_lora_delta(

@@ -1,8 +1,9 @@
 """packed_linear against F.linear: the MKL-packed product on fp32 CPU tensors for any row count, a pack
 rebuilt when its weight is written in place or its data replaced and freed with its weight, and F.linear
 itself for everything the pack does not cover (few rows, other dtypes, inference tensors, autograd, the
-torch backend, bad shapes); packed_sum_linear against F.linear of the merged weight W + L R, its pack
-rebuilt when the update's version moves and freed with the update's owner."""
+torch backend, bad shapes); packed_stacked_linear against F.linear of each part's weight, plus its
+low-rank update W + L R, side by side: one pack of the stack, rebuilt when any part's weight or update
+changes and freed with any of them."""
 
 import gc
 
@@ -14,9 +15,10 @@ from kernels import cpu_gemm, use_backend
 from kernels.cpu_gemm import (
     HAS_MKL_PACKING,
     MIN_PACKED_ROWS,
+    PackPart,
     WeightUpdate,
     packed_linear,
-    packed_sum_linear,
+    packed_stacked_linear,
     packed_weight_bytes,
 )
 
@@ -63,13 +65,13 @@ def test_a_rebuilt_pack_reuses_its_buffer(gen):
     factors = Factors(48, 32, 4, gen)
     x = torch.randn(16, 32, generator=gen)
     packed_linear(x, weight)
-    packed_sum_linear(x, weight, None, factors.update())
+    packed_stacked_linear(x, [PackPart(weight, None, factors.update())])
     buffers = {key: pack.packed.data_ptr() for key, pack in cpu_gemm._packs.items() if key[0] == id(weight)}
     with torch.no_grad():
         weight.mul_(0.5)
     factors.version += 1
     torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
-    merged = packed_sum_linear(x, weight, None, factors.update())
+    merged = packed_stacked_linear(x, [PackPart(weight, None, factors.update())])
     torch.testing.assert_close(
         merged, F.linear(x, weight + factors.left @ factors.right), atol=1e-4, rtol=1e-5
     )
@@ -191,17 +193,20 @@ class Factors:
         return WeightUpdate(self.left, self.right, self, self.version)
 
 
+def merged(weight: torch.Tensor, factors: "Factors | None") -> torch.Tensor:
+    return weight if factors is None else weight + factors.left @ factors.right
+
+
 @requires_mkl
 @pytest.mark.parametrize("num_rows", [MIN_PACKED_ROWS, 64, 200])
-def test_packed_sum_linear_multiplies_by_the_merged_weight(num_rows, gen):
+def test_packed_stacked_linear_multiplies_by_the_merged_weight(num_rows, gen):
     weight = frozen_weight(96, 72, gen)
     bias = torch.randn(96, generator=gen)
     factors = Factors(96, 72, 8, gen)
     x = torch.randn(num_rows, 72, generator=gen)
     before = packed_weight_bytes()
-    y = packed_sum_linear(x, weight, bias, factors.update())
-    expected = F.linear(x, weight + factors.left @ factors.right, bias)
-    torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-5)
+    y = packed_stacked_linear(x, [PackPart(weight, bias, factors.update())])
+    torch.testing.assert_close(y, F.linear(x, merged(weight, factors), bias), atol=1e-4, rtol=1e-5)
     assert packed_weight_bytes() - before == weight.nbytes
     # the base weight's own pack is another pack, beside the merged one
     base = packed_linear(x, weight, bias)
@@ -209,21 +214,93 @@ def test_packed_sum_linear_multiplies_by_the_merged_weight(num_rows, gen):
     assert packed_weight_bytes() - before == 2 * weight.nbytes
 
 
+def stacked_parts(gen: torch.Generator) -> tuple[list[torch.nn.Parameter], list, list["Factors | None"]]:
+    """Three weights of one input (q/k/v-like: 40, 16 and 16 outputs), a bias on the second only, and an
+    update on the first and last."""
+    weights = [frozen_weight(n, 24, gen) for n in (40, 16, 16)]
+    biases = [None, torch.randn(16, generator=gen), None]
+    factors = [Factors(40, 24, 4, gen), None, Factors(16, 24, 4, gen)]
+    return weights, biases, factors
+
+
+def expected_stack(x, weights, biases, factors) -> torch.Tensor:
+    return torch.cat(
+        [F.linear(x, merged(w, f), b) for w, b, f in zip(weights, biases, factors, strict=True)], dim=-1
+    )
+
+
+def stack(weights, biases, factors) -> list[PackPart]:
+    return [
+        PackPart(w, b, None if f is None else f.update())
+        for w, b, f in zip(weights, biases, factors, strict=True)
+    ]
+
+
+@requires_mkl
+@pytest.mark.parametrize("num_rows", [MIN_PACKED_ROWS, 64, 130])
+def test_packed_stacked_linear_puts_each_parts_product_side_by_side_from_one_pack(num_rows, gen):
+    weights, biases, factors = stacked_parts(gen)
+    x = torch.randn(num_rows, 48, generator=gen)[:, ::2]  # strided rows
+    before = packed_weight_bytes()
+    y = packed_stacked_linear(x, stack(weights, biases, factors))
+    assert y.shape == (num_rows, 72)
+    torch.testing.assert_close(y, expected_stack(x, weights, biases, factors), atol=1e-4, rtol=1e-5)
+    assert packed_weight_bytes() - before == sum(w.nbytes for w in weights)  # one pack for the three
+    plain = packed_stacked_linear(x, [PackPart(w, b) for w, b in zip(weights, biases, strict=True)])
+    torch.testing.assert_close(plain, expected_stack(x, weights, biases, [None] * 3), atol=1e-5, rtol=1e-5)
+
+
+@requires_mkl
+def test_a_change_to_any_part_rebuilds_the_stacked_pack_in_its_buffer(gen):
+    weights, biases, factors = stacked_parts(gen)
+    x = torch.randn(16, 24, generator=gen)
+    packed_stacked_linear(x, stack(weights, biases, factors))
+    before = packed_weight_bytes()
+    buffers = {
+        key: pack.packed.data_ptr() for key, pack in cpu_gemm._packs.items() if key[0] == id(weights[0])
+    }
+    with torch.no_grad():
+        weights[1].mul_(-2)  # in place, on a part with no update
+    y = packed_stacked_linear(x, stack(weights, biases, factors))
+    torch.testing.assert_close(y, expected_stack(x, weights, biases, factors), atol=1e-4, rtol=1e-5)
+    factors[2].right.add_(1)  # the last part's update moves to a new version
+    factors[2].version += 1
+    y = packed_stacked_linear(x, stack(weights, biases, factors))
+    torch.testing.assert_close(y, expected_stack(x, weights, biases, factors), atol=1e-4, rtol=1e-5)
+    with torch.no_grad():
+        weights[2].data = torch.randn(16, 24, generator=gen)  # new data, same shape
+    y = packed_stacked_linear(x, stack(weights, biases, factors))
+    torch.testing.assert_close(y, expected_stack(x, weights, biases, factors), atol=1e-4, rtol=1e-5)
+    after = {key: pack.packed.data_ptr() for key, pack in cpu_gemm._packs.items() if key[0] == id(weights[0])}
+    assert after == buffers and packed_weight_bytes() == before
+
+
+@requires_mkl
+def test_freeing_any_part_of_a_stack_frees_its_pack(gen):
+    weights, biases, factors = stacked_parts(gen)
+    before = packed_weight_bytes()
+    packed_stacked_linear(torch.randn(8, 24, generator=gen), stack(weights, biases, factors))
+    assert packed_weight_bytes() - before == sum(w.nbytes for w in weights)
+    del factors[2]  # the last update's owner goes
+    gc.collect()
+    assert packed_weight_bytes() == before
+
+
 @requires_mkl
 def test_a_new_update_version_rebuilds_the_merged_pack_in_place_of_the_old(gen):
     weight = frozen_weight(48, 32, gen)
     factors = Factors(48, 32, 4, gen)
     x = torch.randn(16, 32, generator=gen)
-    packed_sum_linear(x, weight, None, factors.update())
+    packed_stacked_linear(x, [PackPart(weight, None, factors.update())])
     before = packed_weight_bytes()
     factors.left.mul_(-3)
     factors.version += 1
-    y = packed_sum_linear(x, weight, None, factors.update())
-    torch.testing.assert_close(y, F.linear(x, weight + factors.left @ factors.right), atol=1e-4, rtol=1e-5)
+    y = packed_stacked_linear(x, [PackPart(weight, None, factors.update())])
+    torch.testing.assert_close(y, F.linear(x, merged(weight, factors)), atol=1e-4, rtol=1e-5)
     with torch.no_grad():
         weight.add_(1)  # the base weight changing also rebuilds it
-    y = packed_sum_linear(x, weight, None, factors.update())
-    torch.testing.assert_close(y, F.linear(x, weight + factors.left @ factors.right), atol=1e-4, rtol=1e-5)
+    y = packed_stacked_linear(x, [PackPart(weight, None, factors.update())])
+    torch.testing.assert_close(y, F.linear(x, merged(weight, factors)), atol=1e-4, rtol=1e-5)
     assert packed_weight_bytes() == before  # the stale packs were dropped
 
 
@@ -232,20 +309,25 @@ def test_a_freed_update_owner_frees_its_merged_pack(gen):
     weight = frozen_weight(48, 32, gen)
     factors = Factors(48, 32, 4, gen)
     before = packed_weight_bytes()
-    packed_sum_linear(torch.randn(8, 32, generator=gen), weight, None, factors.update())
+    packed_stacked_linear(torch.randn(8, 32, generator=gen), [PackPart(weight, None, factors.update())])
     assert packed_weight_bytes() - before == weight.nbytes
     del factors
     gc.collect()
     assert packed_weight_bytes() == before
 
 
-def test_packed_sum_linear_declines_what_packed_linear_does_not_pack(gen):
+def test_packed_stacked_linear_declines_what_packed_linear_does_not_pack(gen):
     weight = frozen_weight(48, 32, gen)
-    factors = Factors(48, 32, 4, gen)
+    other = frozen_weight(16, 31, gen)
+    parts = [PackPart(weight, None, Factors(48, 32, 4, gen).update())]
     before = packed_weight_bytes()
     with torch.no_grad():
-        assert packed_sum_linear(torch.randn(MIN_PACKED_ROWS - 1, 32), weight, None, factors.update()) is None
-        assert packed_sum_linear(torch.randn(8, 32).double(), weight, None, factors.update()) is None
+        assert packed_stacked_linear(torch.randn(MIN_PACKED_ROWS - 1, 32), parts) is None
+        assert packed_stacked_linear(torch.randn(8, 32).double(), parts) is None
+        assert (
+            packed_stacked_linear(torch.randn(8, 32), [*parts, PackPart(other)]) is None
+        )  # other in_features
+        assert packed_stacked_linear(torch.randn(8, 32), [*parts, PackPart(weight.double())]) is None
         with use_backend("torch"):
-            assert packed_sum_linear(torch.randn(8, 32), weight, None, factors.update()) is None
+            assert packed_stacked_linear(torch.randn(8, 32), parts) is None
     assert packed_weight_bytes() == before

@@ -12,7 +12,7 @@ import torch
 
 import kernels.lora
 from kernels import use_backend
-from kernels.cpu_gemm import HAS_MKL_PACKING, packed_sum_linear, packed_weight_bytes
+from kernels.cpu_gemm import HAS_MKL_PACKING, PackPart, packed_stacked_linear, packed_weight_bytes
 from kernels.lora import StackedLora, lora_expand, lora_shrink, lora_shrink_expand
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout_engine"))
@@ -147,7 +147,7 @@ def test_freed_weights_free_their_merged_packs_at_once(gen):
     weights = StackedLora(torch.randn(4, 16, generator=gen), (torch.randn(24, 4, generator=gen),), 0.5)
     before = packed_weight_bytes()
     x = torch.randn(8, 16, generator=gen)
-    merged = packed_sum_linear(x, base, None, weights.updates[0])
+    merged = packed_stacked_linear(x, [PackPart(base, None, weights.updates[0])])
     torch.testing.assert_close(merged, x @ (base + 0.5 * weights.b[0] @ weights.a).T, atol=1e-5, rtol=1e-5)
     assert packed_weight_bytes() - before == base.nbytes
     gc.disable()

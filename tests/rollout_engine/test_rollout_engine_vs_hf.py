@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
 import rollout_engine.engine as engine_module  # noqa: E402
+from kernels import cpu_gemm  # noqa: E402
 from kernels.cpu_gemm import HAS_MKL_PACKING  # noqa: E402
 from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
 from rollout_engine.sampling_params import MIN_TEMPERATURE  # noqa: E402
@@ -88,16 +89,26 @@ def test_engine_reads_the_hf_weights_in_place(llama):
 @pytest.mark.skipif(
     not HAS_MKL_PACKING, reason="this torch has no MKL: the CPU projections are plain F.linear"
 )
-def test_engine_packs_each_cpu_weight_once():
+def test_engine_packs_each_cpu_weight_once_in_one_stack_per_input():
     model = make_tiny_model("llama", seed=2)
     projections = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     engine = make_engine(model)
     before = engine.stats()["packed_weight_bytes"]
+    packs_before = set(cpu_gemm._packs)
     greedy = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=[])
     prompts = random_prompts([6, 9, 5, 7], seed=9)
     first = [group.samples[0].token_ids for group in engine.generate(prompts, greedy)]
     packed = engine.stats()["packed_weight_bytes"] - before
     assert packed == sum(weight.nbytes for weight in projections.values())
+    # per layer one pack of q/k/v, one of gate/up, one each of o and down; one of the LM head
+    new_packs = [key for key in cpu_gemm._packs if key not in packs_before]
+    stack_sizes = sorted(len(key) // 2 for key in new_packs)
+    num_layers = model.config.num_hidden_layers
+    assert stack_sizes == [1] * (2 * num_layers + 1) + [2] * num_layers + [3] * num_layers
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for stack in ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)):
+            assert tuple(i for m in stack for i in (id(m.weight), 0)) in cpu_gemm._packs
     again = [group.samples[0].token_ids for group in engine.generate(prompts, greedy)]
     assert again == first and engine.stats()["packed_weight_bytes"] - before == packed  # the same packs
 
