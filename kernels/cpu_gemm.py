@@ -126,6 +126,11 @@ def _forget(key: tuple[int, ...]) -> None:
     _packs.pop(key, None)
 
 
+def _stamps(parts: Sequence[PackPart]) -> tuple[tuple[int, int, int], ...]:
+    """What a pack was made from: each part's weight version and data_ptr, and its update's version."""
+    return tuple((w._version, w.data_ptr(), 0 if u is None else u.version) for w, _, u in parts)
+
+
 def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     """The pack of the parts' weights (each plus its update) stacked by rows, rebuilt in place when a weight
     was written in place or its data replaced, or an update's version moved; None where a weight cannot be
@@ -141,6 +146,8 @@ def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     same_owners = pack is not None and all(
         ref() is owner for ref, owner in zip(pack.refs, owners, strict=True)
     )
+    if same_owners and pack.stamps == _stamps(parts):  # the decode path: a pack that is still current
+        return pack.packed
     weights = [part.weight for part in parts]
     packable = all(
         w.is_cpu and w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous() for w in weights
@@ -148,9 +155,7 @@ def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     if not packable or any(w.is_inference() for w in weights):  # an inference tensor has no version counter
         _packs.pop(key, None)  # a stale pack of these weights' old data
         return None
-    stamps = tuple((w._version, w.data_ptr(), 0 if u is None else u.version) for w, _, u in parts)
-    if same_owners and pack.stamps == stamps:
-        return pack.packed
+    stamps = _stamps(parts)
     out_features, in_features = sum(w.shape[0] for w in weights), weights[0].shape[1]
     get_size, pack_into, _ = _MKL
     size = get_size(_B_MATRIX, _PACK_ROWS_HINT, out_features, in_features)
