@@ -36,21 +36,12 @@ def step_shapes(engine: LLMEngine):
 
 
 def matmul_floor_s(engine: LLMEngine, shapes: list[tuple[int, int]]) -> float:
-    """Seconds a run's matmuls take alone: each step's tokens through every decoder layer's products as the
+    """Seconds a run's matmuls take alone: each step's tokens through every decoder layer's `products` as the
     engine makes them (q/k/v stacked, o, gate/up stacked, down: `linears` on the model's own weights and
     packs) and its logits rows through the LM head, with nothing in between: no attention, norms, sampling
     or scheduling. An fp32 engine on these products can near it, never beat it."""
     decoder = engine.runner.model
-    products = [
-        group
-        for layer in decoder.layers
-        for group in (
-            (layer.q_proj, layer.k_proj, layer.v_proj),
-            (layer.o_proj,),
-            (layer.gate_proj, layer.up_proj),
-            (layer.down_proj,),
-        )
-    ]
+    products = [stack for layer in decoder.layers for stack in layer.products]
     head = decoder.lm_head
     most = max(max(tokens, rows) for tokens, rows in shapes)
     widths = {layer.in_features for group in products for layer in group} | {head.in_features}

@@ -48,6 +48,9 @@ class PagedDecoderLayer:
         self.k_norm = getattr(attn, "k_norm", None)
         self.gate_proj, self.up_proj = base_linear(mlp.gate_proj), base_linear(mlp.up_proj)
         self.down_proj = base_linear(mlp.down_proj)
+        # the products of one step, in order, each a stack of the projections that read one input
+        self.qkv, self.gate_up = (self.q_proj, self.k_proj, self.v_proj), (self.gate_proj, self.up_proj)
+        self.products = (self.qkv, (self.o_proj,), self.gate_up, (self.down_proj,))
         self.scale = float(getattr(attn, "scaling", head_dim**-0.5))
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
 
@@ -72,7 +75,7 @@ class PagedDecoderLayer:
             x, residual = rms_norm(hidden, self.input_norm.weight, _eps(self.input_norm)), hidden
         else:
             x, residual = rms_norm(hidden, self.input_norm.weight, _eps(self.input_norm), residual)
-        q, k, v = linears(x, (self.q_proj, self.k_proj, self.v_proj), self.qkv_lora, lora)
+        q, k, v = linears(x, self.qkv, self.qkv_lora, lora)
         q = self._head_norm(q.view(num_tokens, self.num_heads, self.head_dim), self.q_norm)
         k = self._head_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim), self.k_norm)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -84,7 +87,7 @@ class PagedDecoderLayer:
         x, residual = rms_norm(
             hidden, self.post_attention_norm.weight, _eps(self.post_attention_norm), residual
         )
-        gate, up = linears(x, (self.gate_proj, self.up_proj), self.gate_up_lora, lora)
+        gate, up = linears(x, self.gate_up, self.gate_up_lora, lora)
         hidden = linear(silu_and_mul(gate, up), self.down_proj, self.down_lora, lora)
         return hidden, residual
 
