@@ -32,6 +32,7 @@ import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
+from rl.job.logger import METRICS_FILE, SAMPLES_FILE
 from rl.settings import ConfigError
 
 CHECKPOINTS = "checkpoints"
@@ -111,7 +112,8 @@ def save_checkpoint(
 
 def check_run_dir(run_dir: str | os.PathLike, resume: bool = False) -> None:
     """Refuse, before any work starts, a run directory that cannot hold the logs and checkpoints, or, for a
-    new run (not `resume`), one that holds an earlier run's checkpoints, which the new run would replace."""
+    new run (not `resume`), one that holds an earlier run's checkpoints, which the new run would replace, or
+    its logs, which the new run's steps would mix with."""
     path = Path(run_dir)
     checkpoints = path / CHECKPOINTS
     try:
@@ -131,14 +133,27 @@ def check_run_dir(run_dir: str | os.PathLike, resume: bool = False) -> None:
             f"{checkpoints} is a file, but checkpoints are saved in a directory of that name: move the file "
             "away or pass another run_dir"
         )
-    if resume or not checkpoints.is_dir():
+    if resume:
         return
-    earlier = [step.name for step in _step_dirs(checkpoints) if _is_complete(step)]
+    earlier = (
+        [step.name for step in _step_dirs(checkpoints) if _is_complete(step)] if checkpoints.is_dir() else []
+    )
     if earlier:
         raise RunDirError(
             f"run_dir={run_dir} holds an earlier run's checkpoints (the last: {earlier[-1]}), which a new "
             "run would replace, and whose logs it would add to: pass resume=true to continue that run, or "
             "another run_dir for a new one"
+        )
+    logs = [
+        name
+        for name in (METRICS_FILE, SAMPLES_FILE)
+        if (path / name).is_file() and (path / name).stat().st_size
+    ]
+    if logs:
+        raise RunDirError(
+            f"run_dir={run_dir} holds an earlier run's logs ({', '.join(logs)}) and no checkpoint of it; a "
+            "new run would add its steps to them: pass another run_dir, or move those files away to reuse "
+            "this one"
         )
 
 

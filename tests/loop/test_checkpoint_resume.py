@@ -299,6 +299,18 @@ def test_a_new_run_is_refused_a_run_dir_with_an_earlier_runs_checkpoints(tmp_pat
     assert sorted(path.name for path in (tmp_path / "checkpoints" / "step_2").iterdir()) == saved
 
 
+def test_a_new_run_is_refused_a_run_dir_with_an_earlier_runs_logs_and_no_checkpoint(tmp_path):
+    # a run killed before its first checkpoint (or run with checkpoint_every=0) leaves only its logs
+    (tmp_path / "samples.jsonl").write_text("")  # empty logs hold no steps to mix with
+    check_run_dir(tmp_path)
+    logged = '{"step": 1, "time": 0.0, "reward": 0.5}\n'
+    (tmp_path / "metrics.jsonl").write_text(logged)
+    with pytest.raises(RunDirError, match=r"holds an earlier run's logs \(metrics.jsonl\) and no checkpoint"):
+        check_run_dir(tmp_path)
+    check_run_dir(tmp_path, resume=True)  # resume=true goes on in them, from step 0 without a checkpoint
+    assert (tmp_path / "metrics.jsonl").read_text() == logged
+
+
 def test_a_save_that_cannot_write_is_one_message_and_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
     model, optimizer, scheduler, _ = trained(1)
     save_checkpoint(tmp_path, 1, model, optimizer, scheduler, {"index": 1})
