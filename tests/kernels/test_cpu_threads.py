@@ -25,8 +25,9 @@ ctxt 999
 
 
 def test_busy_seconds_sums_the_busy_fields_of_the_allowed_cpus_only() -> None:
-    # cpu0: 300 + 30 + 2 = 332 ticks; cpu1: 500 + 10 + 50 + 1 + 3 + 7 = 571; idle and iowait are not busy.
-    assert busy_seconds(STAT, {0, 1}) == pytest.approx((332 + 571) / TICKS)
+    # cpu0: 300 + 30 + 2 = 332 ticks; cpu1: 500 + 10 + 50 + 1 + 3 = 564; idle, iowait and the hypervisor's
+    # steal (7 ticks on cpu1) are not this guest's work.
+    assert busy_seconds(STAT, {0, 1}) == pytest.approx((332 + 564) / TICKS)
     assert busy_seconds(STAT, {2}) == pytest.approx(110 / TICKS)
     assert busy_seconds(STAT, {5}) is None
 
@@ -46,8 +47,9 @@ def test_threads_for_leaves_the_occupied_cores(num_cpus, others, max_threads, ex
     assert threads_for(num_cpus, others, max_threads) == expected
 
 
-def _stat_line(busy_ticks: int) -> str:
-    return "\n".join(f"cpu{cpu} {busy_ticks} 0 0 1000 0 0 0 0" for cpu in sorted(os.sched_getaffinity(0)))
+def _stat_line(busy_ticks: int, steal_ticks: int = 0) -> str:
+    cpus = sorted(os.sched_getaffinity(0))
+    return "\n".join(f"cpu{cpu} {busy_ticks} 0 0 1000 0 0 0 {steal_ticks}" for cpu in cpus)
 
 
 class _FakeMachine:
@@ -103,6 +105,24 @@ def test_this_process_own_cpu_time_is_not_a_neighbour(restore_threads) -> None:
     )
     machine.advance(1.0, others_cores=0.0, own_cores=float(num_cpus))
     assert governor.adapt() == num_cpus
+
+
+def test_the_hypervisors_steal_is_not_a_neighbour(restore_threads) -> None:
+    # half of every core stolen: no thread count gets that time back, so all threads stay
+    machine = _FakeMachine()
+    num_cpus = len(os.sched_getaffinity(0))
+    steal_ticks = 0
+
+    def stat() -> str:
+        return _stat_line(machine.busy_ticks, steal_ticks)
+
+    governor = CpuThreads(
+        num_cpus, read_stat=stat, clock=lambda: machine.wall, own_cpu_seconds=lambda: machine.own
+    )
+    torch.set_num_threads(num_cpus)
+    machine.advance(1.0, others_cores=0.0, own_cores=num_cpus / 2)
+    steal_ticks += TICKS // 2
+    assert governor.adapt() == num_cpus == torch.get_num_threads()
 
 
 @pytest.mark.skipif(not STAT_PATH.exists(), reason="reads the Linux /proc/stat")
