@@ -131,6 +131,12 @@ def _stamps(parts: Sequence[PackPart]) -> tuple[tuple[int, int, int], ...]:
     return tuple((w._version, w.data_ptr(), 0 if u is None else u.version) for w, _, u in parts)
 
 
+def _packable(weight: torch.Tensor) -> bool:
+    """A contiguous fp32 CPU matrix whose writes can be seen (an inference tensor has no version counter)."""
+    cpu_matrix = weight.is_cpu and weight.dtype == torch.float32 and weight.dim() == 2
+    return cpu_matrix and weight.is_contiguous() and not weight.is_inference()
+
+
 def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     """The pack of the parts' weights (each plus its update) stacked by rows, rebuilt in place when a weight
     was written in place or its data replaced, or an update's version moved; None where a weight cannot be
@@ -149,10 +155,7 @@ def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     if same_owners and pack.stamps == _stamps(parts):  # the decode path: a pack that is still current
         return pack.packed
     weights = [part.weight for part in parts]
-    packable = all(
-        w.is_cpu and w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous() for w in weights
-    )
-    if not packable or any(w.is_inference() for w in weights):  # an inference tensor has no version counter
+    if not all(map(_packable, weights)):
         _packs.pop(key, None)  # a stale pack of these weights' old data
         return None
     stamps = _stamps(parts)
@@ -255,6 +258,14 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     MIN_PACKED_ROWS rows up."""
     y = packed_stacked_linear(x, (PackPart(weight, bias),))
     return F.linear(x, weight, bias) if y is None else y
+
+
+def pack_bytes(weights: Sequence[torch.Tensor]) -> int:
+    """What the packs of these weights will hold in memory once multiplied at MIN_PACKED_ROWS rows or more
+    (their size, once each): 0 for weights that stay with F.linear."""
+    if not HAS_MKL_PACKING or get_backend() != "auto":
+        return 0
+    return sum(w.nbytes for w in weights if _packable(w))
 
 
 def packed_weight_bytes() -> int:

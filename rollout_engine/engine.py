@@ -75,7 +75,7 @@ class LLMEngine:
         # The graphs capture the Triton kernels: without triton (not installed off Linux x86_64) run eagerly.
         use_graphs = weight.device.type == "cuda" and not enforce_eager and HAS_TRITON
         total_bytes = total_memory_bytes(weight.device, memory_budget_bytes)
-        num_blocks, graph_bytes = plan_kv_pool(
+        num_blocks, graph_bytes, packed_bytes = plan_kv_pool(
             self.model,
             config,
             block_size,
@@ -90,13 +90,21 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, block_size, weight.dtype, weight.device)
         if use_graphs:
             self.runner.capture_graphs(max_num_seqs, self.block_manager.num_blocks_for(self.max_model_len))
-        self.cuda_graph_bytes_reserved = graph_bytes
+        self.cuda_graph_bytes_reserved, self.packed_weight_bytes_reserved = graph_bytes, packed_bytes
         source = memory_source(weight.device, memory_budget_bytes)
         kv_bytes = self.runner.kv_bytes_total
         lazy = commits_on_write(weight.device)
         logger.info(
             kv_pool_report(
-                num_blocks, block_size, kv_bytes, graph_bytes, memory_fraction, total_bytes, source, lazy
+                num_blocks,
+                block_size,
+                kv_bytes,
+                graph_bytes,
+                memory_fraction,
+                total_bytes,
+                source,
+                lazy,
+                packed_bytes,
             )
         )
         self.tokenizer = tokenizer
@@ -355,7 +363,7 @@ class LLMEngine:
         free blocks' pages back at each prefix-cache reset), and the CUDA graphs: captured batch sizes,
         their measured memory (and the amount reserved for them when the pool was sized), how many
         steps replayed one, and the bytes of CPU weights packed for MKL in this process (all engines'
-        together: see kernels/cpu_gemm.py)."""
+        together: see kernels/cpu_gemm.py) beside what this engine's budget reserved for its own packs."""
         bm = self.block_manager
         graphs = self.runner.graphs
         return {
@@ -377,4 +385,5 @@ class LLMEngine:
             "cuda_graph_bytes_reserved": self.cuda_graph_bytes_reserved,
             "cuda_graph_replays": graphs.num_replays if graphs is not None else 0,
             "packed_weight_bytes": packed_weight_bytes(),
+            "packed_weight_bytes_reserved": self.packed_weight_bytes_reserved,
         }

@@ -1,12 +1,12 @@
 """Sizing the KV pool from the memory fraction.
 
-The engine's own memory (KV pool, the activations of one max-size step, and on CUDA the decode graphs)
-stays under memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU).
-The model weights are shared with the trainer and are not counted, nor is the engine's one packed copy of
-each fp32 CPU projection weight (kernels/cpu_gemm.py: the weights' size again, reported by
-engine.stats()['packed_weight_bytes']). On CUDA the activations are measured with a dummy step
-(profiling.py) and the graphs by a trial capture (cuda_graphs.py) before the pool is sized; on CPU
-`activation_bytes` estimates the activations.
+The engine's own memory (KV pool, the activations of one max-size step, on CUDA the decode graphs, and on
+the CPU its one packed copy of each fp32 projection and the LM head, kernels/cpu_gemm.py) stays under
+memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU). The model
+weights are shared with the trainer and are not counted. On CUDA the activations are measured with a dummy
+step (profiling.py) and the graphs by a trial capture (cuda_graphs.py) before the pool is sized; on CPU
+`activation_bytes` estimates the activations, and the packs are the weights' size again (what
+engine.stats()['packed_weight_bytes'] reports once they are made).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import torch
 from transformers import PretrainedConfig
 
+from kernels.cpu_gemm import pack_bytes
 from rollout_engine.block_manager import ceil_div
 from rollout_engine.cuda_graphs import measure_graph_bytes
 from rollout_engine.models import PagedDecoder
@@ -58,10 +59,12 @@ def kv_pool_report(
     total_bytes: int,
     source: str,
     commits_on_write: bool,
+    packed_bytes: int = 0,
 ) -> str:
     """The line the engine logs at start-up: the KV pool it reserved, whether that memory is taken now or
     as blocks are written, and the budget that sized it."""
     graphs = f" and {_format_bytes(graph_bytes)} for CUDA graphs" if graph_bytes else ""
+    packs = f" and {_format_bytes(packed_bytes)} of packed weights" if packed_bytes else ""
     taken = (
         "taken page by page as blocks are written (engine.stats()['kv_bytes_resident'] is what is held)"
         if commits_on_write
@@ -71,8 +74,8 @@ def kv_pool_report(
         f"KV pool: reserved {num_blocks} blocks x {block_size} tokens = {kv_bytes} bytes "
         f"({_format_bytes(kv_bytes)}), {taken}{graphs}, from memory_fraction={memory_fraction} x "
         f"{_format_bytes(total_bytes)} of {source} = "
-        f"{_format_bytes(int(memory_fraction * total_bytes))}, less one step's activations; pass a smaller "
-        "memory_fraction or memory_budget_bytes to reserve less"
+        f"{_format_bytes(int(memory_fraction * total_bytes))}, less one step's activations{packs}; pass a "
+        "smaller memory_fraction or memory_budget_bytes to reserve less"
     )
 
 
@@ -99,18 +102,19 @@ def num_kv_blocks(
     max_model_len: int,
     block_size: int,
     graph_bytes: int = 0,
+    packed_bytes: int = 0,
 ) -> int:
-    """How many KV blocks fit in the budget after the activations and the CUDA graphs; ValueError when not
-    even one max_model_len sequence fits."""
-    reserved = activation_bytes + graph_bytes
+    """How many KV blocks fit in the budget after the activations, the CUDA graphs and the packed weights;
+    ValueError when not even one max_model_len sequence fits."""
+    reserved = activation_bytes + graph_bytes + packed_bytes
     num_blocks = max(budget_bytes - reserved, 0) // bytes_per_block
     num_needed = ceil_div(max_model_len, block_size)
     if num_blocks < num_needed:
         need = num_needed * bytes_per_block + reserved
         raise ValueError(
             f"the KV budget of {budget_bytes / 2**20:.1f} MiB holds {num_blocks} blocks after "
-            f"{activation_bytes / 2**20:.1f} MiB of activations and {graph_bytes / 2**20:.1f} MiB of CUDA "
-            f"graphs, but one sequence of max_model_len="
+            f"{activation_bytes / 2**20:.1f} MiB of activations, {graph_bytes / 2**20:.1f} MiB of CUDA "
+            f"graphs and {packed_bytes / 2**20:.1f} MiB of packed weights, but one sequence of max_model_len="
             f"{max_model_len} tokens needs {num_needed} blocks ({need / 2**20:.1f} MiB in all); raise "
             "memory_fraction or memory_budget_bytes, or lower max_model_len / max_num_batched_tokens (and, "
             "for the CUDA graphs, max_num_seqs, or pass enforce_eager=True)"
@@ -127,9 +131,10 @@ def plan_kv_pool(
     max_num_batched_tokens: int,
     max_model_len: int,
     use_graphs: bool,
-) -> tuple[int, int]:
-    """(number of KV blocks, bytes reserved for CUDA graphs) for the paged `model` under `budget_bytes`:
-    activations measured on CUDA and estimated on CPU, graphs measured by a trial capture when used."""
+) -> tuple[int, int, int]:
+    """(number of KV blocks, bytes reserved for CUDA graphs, bytes reserved for packed weights) for the
+    paged `model` under `budget_bytes`: activations measured on CUDA and estimated on CPU, graphs measured
+    by a trial capture when used, packs the size of the weights they copy."""
     weight = model.embed_tokens.weight
     device, dtype = weight.device, weight.dtype
     if device.type == "cuda":
@@ -144,4 +149,7 @@ def plan_kv_pool(
     graph_bytes = 0
     if use_graphs:
         graph_bytes = measure_graph_bytes(model, block_size, max_num_seqs, max_blocks_per_seq)
-    return num_kv_blocks(budget_bytes, act, per_block, max_model_len, block_size, graph_bytes), graph_bytes
+    products = [linear.weight for layer in model.layers for stack in layer.products for linear in stack]
+    packed = pack_bytes([*products, model.lm_head.weight])
+    num_blocks = num_kv_blocks(budget_bytes, act, per_block, max_model_len, block_size, graph_bytes, packed)
+    return num_blocks, graph_bytes, packed

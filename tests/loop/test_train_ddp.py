@@ -37,7 +37,7 @@ NUM_STEPS, PROMPTS_PER_RANK, WORLD_SIZE = 2, 2, 2
 DDP = [
     f"num_steps={NUM_STEPS}",
     f"prompts_per_step={PROMPTS_PER_RANK}",
-    "rollout.memory_budget_bytes=100000000",
+    "rollout.memory_budget_bytes=200000000",
     "rollout.max_num_seqs=16",
     *VOWELS,
 ]

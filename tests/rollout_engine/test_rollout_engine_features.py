@@ -10,8 +10,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
+from kernels.cpu_gemm import HAS_MKL_PACKING  # noqa: E402
 from rollout_engine import SamplingParams  # noqa: E402
 from rollout_engine.memory import activation_bytes, kv_bytes_per_block  # noqa: E402
+
+# the packed copies of the tiny Llama's fp32 weights, which the CPU engine's budget holds too: per layer
+# q 64x64, k and v 32x64, o 64x64, gate and up 128x64, down 64x128 (36864 floats), 2 layers, and the
+# 256x64 LM head: 90112 floats of 4 bytes
+PACKED_BYTES = 360448 if HAS_MKL_PACKING else 0
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[])
 
@@ -71,7 +77,7 @@ def test_preemption_under_a_tight_budget_keeps_greedy_outputs(llama):
     ample = make_engine(llama).generate(prompts, params)
     # 20 blocks of 4 tokens: room for one max_model_len=64 sequence, far from the ~100 blocks all need.
     per_block = kv_bytes_per_block(2, 4, 2, 16, torch.float32)
-    budget = activation_bytes(64, 16, 64, 128, 256, torch.float32) + 20 * per_block
+    budget = activation_bytes(64, 16, 64, 128, 256, torch.float32) + PACKED_BYTES + 20 * per_block
     tight = make_engine(llama, memory_budget_bytes=budget, memory_fraction=1.0, max_model_len=64)
     assert tight.stats()["num_blocks_total"] == 20
     results = tight.generate(prompts, params)

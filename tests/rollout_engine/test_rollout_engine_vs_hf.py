@@ -114,6 +114,7 @@ def test_engine_packs_each_cpu_weight_once_in_one_stack_per_input():
     first = [group.samples[0].token_ids for group in engine.generate(prompts, greedy)]
     packed = engine.stats()["packed_weight_bytes"] - before
     assert packed == sum(weight.nbytes for weight in projections.values())
+    assert engine.stats()["packed_weight_bytes_reserved"] == packed  # the KV budget left room for them
     # per layer one pack of q/k/v, one of gate/up, one each of o and down; one of the LM head
     new_packs = [key for key in cpu_gemm._packs if key not in packs_before]
     stack_sizes = sorted(len(key) // 2 for key in new_packs)

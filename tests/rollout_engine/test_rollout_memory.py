@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels import use_backend
+from kernels.cpu_gemm import HAS_MKL_PACKING
 from rollout_engine.memory import kv_bytes_per_block, num_kv_blocks, total_memory_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,6 +29,31 @@ def test_blocks_fill_the_budget_left_after_activations():
 def test_budget_below_one_max_model_len_sequence_is_a_clear_error():
     with pytest.raises(ValueError, match="max_model_len=64 tokens needs 16 blocks"):
         num_kv_blocks(15 * 100 + 5000, 5000, 100, max_model_len=64, block_size=4)
+    with pytest.raises(ValueError, match="and 1.0 MiB of packed weights, but one sequence"):
+        num_kv_blocks(1000 * 100 + 5000, 5000, 100, 64, 4, packed_bytes=2**20)
+
+
+def test_blocks_fill_the_budget_left_after_activations_graphs_and_packed_weights():
+    assert num_kv_blocks(1000 * 100 + 5000 + 3000 + 700 + 99, 5000, 100, 64, 4, 3000, 700) == 1000
+
+
+@pytest.mark.skipif(
+    not HAS_MKL_PACKING, reason="this torch has no MKL: the CPU projections are plain F.linear, never packed"
+)
+def test_the_cpu_engines_budget_holds_its_packed_weights(caplog):
+    model = make_tiny_model("llama")
+    # per layer q 64x64, k and v 32x64, o 64x64, gate and up 128x64, down 64x128 (36864 floats), 2 layers,
+    # and the 256x64 LM head: 90112 floats of 4 bytes, packed once each
+    packed = 360448
+    with caplog.at_level(logging.INFO, logger="rollout_engine"):
+        engine = make_engine(model, block_size=4, memory_budget_bytes=2**26)
+    assert engine.stats()["packed_weight_bytes_reserved"] == packed
+    (line,) = [record.getMessage() for record in caplog.records if record.name == "rollout_engine.engine"]
+    assert "less one step's activations and 0.3 MiB of packed weights" in line
+    with use_backend("torch"):  # no packs: their bytes go to the KV pool, 2048 bytes a block
+        plain = make_engine(model, block_size=4, memory_budget_bytes=2**26)
+    assert plain.stats()["packed_weight_bytes_reserved"] == 0
+    assert plain.stats()["num_blocks_total"] - engine.stats()["num_blocks_total"] == packed // 2048
 
 
 def test_the_engine_logs_the_kv_pool_it_reserved_and_the_budget_it_came_from(caplog):
