@@ -158,7 +158,7 @@ def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     if not all(map(_packable, weights)):
         _packs.pop(key, None)  # a stale pack of these weights' old data
         return None
-    stamps = _stamps(parts)
+    stamps = _stamps(parts)  # only now: an inference tensor, declined above, has no version to read
     out_features, in_features = sum(w.shape[0] for w in weights), weights[0].shape[1]
     get_size, pack_into, _ = _MKL
     size = get_size(_B_MATRIX, _PACK_ROWS_HINT, out_features, in_features)
@@ -187,11 +187,16 @@ def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     return buffer
 
 
+def _packing_on() -> bool:
+    """MKL's packing calls are there and the "auto" kernel backend is in force."""
+    return HAS_MKL_PACKING and get_backend() == "auto"
+
+
 def _takes_packed(x: torch.Tensor, parts: Sequence[PackPart]) -> bool:
     """Whether x and the parts fit the packed product: at least MIN_PACKED_ROWS rows of fp32 CPU tensors of
     the weights' shapes (F.linear names a mismatch), no autograd, and the "auto" backend."""
     num_rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    if num_rows < MIN_PACKED_ROWS or not HAS_MKL_PACKING or get_backend() != "auto":
+    if num_rows < MIN_PACKED_ROWS or not _packing_on():
         return False
     if not (x.is_cpu and x.dtype == torch.float32):
         return False
@@ -263,9 +268,7 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def pack_bytes(weights: Sequence[torch.Tensor]) -> int:
     """What the packs of these weights will hold in memory once multiplied at MIN_PACKED_ROWS rows or more
     (their size, once each): 0 for weights that stay with F.linear."""
-    if not HAS_MKL_PACKING or get_backend() != "auto":
-        return 0
-    return sum(w.nbytes for w in weights if _packable(w))
+    return sum(w.nbytes for w in weights if _packable(w)) if _packing_on() else 0
 
 
 def packed_weight_bytes() -> int:
