@@ -9,9 +9,9 @@ Layout under ``RUN_DIR/checkpoints``::
     step_<N>/config.yaml        the resolved config
     latest                      the name of the newest checkpoint, replaced atomically
 
-A save writes into a hidden temporary directory, fsyncs it and renames it into place, so a crash or a kill at
-any point leaves every earlier checkpoint complete. Leftovers of killed saves are removed by the next save or
-``find_latest``.
+A save writes into a hidden temporary directory, fsyncs it and renames it into place (rl/job/atomic_files.py),
+so a crash or a kill at any point leaves every earlier checkpoint complete. Leftovers of killed saves are
+removed by the next save or ``find_latest``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import os
 import random
 import re
 import shutil
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
+from rl.job.atomic_files import fsync_tree, move_into_place, owner, remove_partial_saves, replace_file
 from rl.job.logger import METRICS_FILE, SAMPLES_FILE
 from rl.settings import ConfigError
 
@@ -46,8 +46,6 @@ CONFIG = "config.yaml"
 REQUIRED = (f"{ADAPTER}/{ADAPTER_WEIGHTS}", f"{ADAPTER}/{ADAPTER_CONFIG}", TRAINER_STATE, STATE, CONFIG)
 LORA_FIELDS = ("r", "lora_alpha", "use_rslora")
 STEP_DIR = re.compile(r"step_(\d+)")
-# leftovers of a save end in .<host>.<pid> of the saving process: only this host can tell whether it is alive
-PARTIAL = re.compile(r"\.(tmp|old)-.*\.(?P<host>[^.]+)\.(?P<pid>\d+)")
 
 
 class RunDirError(OSError):
@@ -120,7 +118,7 @@ def check_run_dir(run_dir: str | os.PathLike, resume: bool = False) -> None:
         path.mkdir(parents=True, exist_ok=True)
         for directory in (path, checkpoints):
             if directory.is_dir():
-                probe = directory / f".write-test.{_owner()}"
+                probe = directory / f".write-test.{owner()}"
                 probe.write_bytes(b"")
                 probe.unlink()
     except OSError as err:
@@ -135,14 +133,12 @@ def check_run_dir(run_dir: str | os.PathLike, resume: bool = False) -> None:
         )
     if resume:
         return
-    earlier = (
-        [step.name for step in _step_dirs(checkpoints) if _is_complete(step)] if checkpoints.is_dir() else []
-    )
+    earlier = _complete_steps(checkpoints)
     if earlier:
         raise RunDirError(
-            f"run_dir={run_dir} holds an earlier run's checkpoints (the last: {earlier[-1]}), which a new "
-            "run would replace, and whose logs it would add to: pass resume=true to continue that run, or "
-            "another run_dir for a new one"
+            f"run_dir={run_dir} holds an earlier run's checkpoints (the last: {earlier[-1].name}), which a "
+            "new run would replace, and whose logs it would add to: pass resume=true to continue that run, "
+            "or another run_dir for a new one"
         )
     logs = [
         name
@@ -168,8 +164,8 @@ def _save(
     """Write the checkpoint into a temporary directory, then rename it to ``final`` (see the module doc)."""
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    _remove_partial_saves(root)
-    tmp = root / f".tmp-{final.name}.{_owner()}"
+    remove_partial_saves(root)
+    tmp = root / f".tmp-{final.name}.{owner()}"
     tmp.mkdir()
     model.save_pretrained(tmp / ADAPTER)
     try:
@@ -178,9 +174,9 @@ def _save(
         raise OSError(f"torch.save could not write {tmp / TRAINER_STATE}: {err}") from err
     (tmp / CONFIG).write_text(config_yaml)
     (tmp / STATE).write_text(state_json)
-    _fsync_tree(tmp)
-    _move_into_place(tmp, final)
-    _write_latest(root, final.name)
+    fsync_tree(tmp)
+    move_into_place(tmp, final)
+    replace_file(root / LATEST, final.name)
     if keep_last is not None:
         _prune(root, keep_last, final)
     return final
@@ -191,13 +187,13 @@ def find_latest(run_dir: str | os.PathLike) -> Path | None:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return None
-    _remove_partial_saves(root)
+    remove_partial_saves(root)
     pointer = root / LATEST
     if pointer.is_file():
         named = root / pointer.read_text().strip()
         if STEP_DIR.fullmatch(named.name) and _is_complete(named):
             return named
-    complete = [path for path in _step_dirs(root) if _is_complete(path)]
+    complete = _complete_steps(root)
     return complete[-1] if complete else None
 
 
@@ -317,64 +313,15 @@ def _is_complete(path: Path) -> bool:
     return all((path / name).is_file() for name in REQUIRED)
 
 
+def _complete_steps(root: Path) -> list[Path]:
+    """The complete checkpoint directories under `root` in ascending step order; none when it is missing."""
+    return [path for path in _step_dirs(root) if _is_complete(path)] if root.is_dir() else []
+
+
 def _step_dirs(root: Path) -> list[Path]:
     """Checkpoint directories in ascending step order."""
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
     return [path for _, path in sorted(found)]
-
-
-def _remove_partial_saves(root: Path) -> None:
-    """Delete the temporary directories of saves whose process is gone (killed or crashed)."""
-    for path in root.iterdir():
-        match = PARTIAL.fullmatch(path.name)
-        if match and match["host"] == _host() and not _process_alive(int(match["pid"])):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-
-
-def _host() -> str:
-    return socket.gethostname().replace(".", "-") or "localhost"
-
-
-def _owner() -> str:
-    """The suffix naming this process in a save's temporary paths (run dirs may sit on shared storage)."""
-    return f"{_host()}.{os.getpid()}"
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # saves are synchronous: a leftover of this process is from an earlier failed save
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _move_into_place(tmp: Path, final: Path) -> None:
-    """Rename the finished temporary directory to its final name, replacing an older save of the same step."""
-    if final.exists():
-        old = final.with_name(f".old-{final.name}.{_owner()}")
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, final)
-    _fsync_dir(final.parent)
-
-
-def _write_latest(root: Path, name: str) -> None:
-    tmp = root / f".tmp-{LATEST}.{_owner()}"
-    with open(tmp, "w") as file:
-        file.write(name)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, root / LATEST)
-    _fsync_dir(root)
 
 
 def _prune(root: Path, keep_last: int, keep: Path) -> None:
@@ -382,21 +329,3 @@ def _prune(root: Path, keep_last: int, keep: Path) -> None:
     others = [path for path in _step_dirs(root) if path != keep]
     for path in others[: max(0, len(others) + 1 - keep_last)]:
         shutil.rmtree(path)
-
-
-def _fsync_tree(directory: Path) -> None:
-    for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        if path.is_file():
-            with open(path, "rb") as file:
-                os.fsync(file.fileno())
-        else:
-            _fsync_dir(path)
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
