@@ -18,6 +18,10 @@ _SHAPE = dict(
     initializer_range=0.2,
     attn_implementation="eager",
 )
+# What the engine's packed copies of the tiny Llama's fp32 weights hold, worked by hand: per layer q 64x64, k
+# and v 32x64, o 64x64, gate and up 128x64, down 64x128 (36864 floats), 2 layers, and the 256x64 LM head:
+# 90112 floats of 4 bytes
+LLAMA_PACKED_BYTES = 360448
 CONFIGS = {
     "llama": lambda: LlamaConfig(**_SHAPE),
     "qwen2": lambda: Qwen2Config(**_SHAPE),

@@ -8,16 +8,20 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
+from rollout_tiny_models import (  # noqa: E402
+    LLAMA_PACKED_BYTES,
+    hf_greedy,
+    make_engine,
+    make_tiny_model,
+    random_prompts,
+)
 
 from kernels.cpu_gemm import HAS_MKL_PACKING  # noqa: E402
 from rollout_engine import SamplingParams  # noqa: E402
 from rollout_engine.memory import activation_bytes, kv_bytes_per_block  # noqa: E402
 
-# the packed copies of the tiny Llama's fp32 weights, which the CPU engine's budget holds too: per layer
-# q 64x64, k and v 32x64, o 64x64, gate and up 128x64, down 64x128 (36864 floats), 2 layers, and the
-# 256x64 LM head: 90112 floats of 4 bytes
-PACKED_BYTES = 360448 if HAS_MKL_PACKING else 0
+# the CPU engine's budget also holds its packed copies of the weights
+PACKED_BYTES = LLAMA_PACKED_BYTES if HAS_MKL_PACKING else 0
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[])
 

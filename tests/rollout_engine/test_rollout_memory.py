@@ -12,7 +12,7 @@ from kernels.cpu_gemm import HAS_MKL_PACKING
 from rollout_engine.memory import kv_bytes_per_block, num_kv_blocks, total_memory_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import make_engine, make_tiny_model  # noqa: E402
+from rollout_tiny_models import LLAMA_PACKED_BYTES, make_engine, make_tiny_model  # noqa: E402
 
 
 def test_bytes_per_block_of_smollm2_shape():
@@ -42,9 +42,7 @@ def test_blocks_fill_the_budget_left_after_activations_graphs_and_packed_weights
 )
 def test_the_cpu_engines_budget_holds_its_packed_weights(caplog):
     model = make_tiny_model("llama")
-    # per layer q 64x64, k and v 32x64, o 64x64, gate and up 128x64, down 64x128 (36864 floats), 2 layers,
-    # and the 256x64 LM head: 90112 floats of 4 bytes, packed once each
-    packed = 360448
+    packed = LLAMA_PACKED_BYTES  # each weight packed once
     with caplog.at_level(logging.INFO, logger="rollout_engine"):
         engine = make_engine(model, block_size=4, memory_budget_bytes=2**26)
     assert engine.stats()["packed_weight_bytes_reserved"] == packed
