@@ -8,15 +8,26 @@ import random
 import sqlite3
 from dataclasses import dataclass, field
 
-from envs.sql.domains import Column, Domain, Table
+from envs.sql.domains import Column, Domain, SchemaStyle, Table
 
+# Column kind -> its declared type in each dialect of ``SchemaStyle.types``.
 _SQL_TYPES = {
-    "key": "INTEGER PRIMARY KEY",
-    "label": "TEXT NOT NULL",
-    "cat": "TEXT",
-    "int": "INTEGER",
-    "real": "REAL",
-    "fk": "INTEGER",
+    "affinity": {
+        "key": "INTEGER PRIMARY KEY",
+        "label": "TEXT NOT NULL",
+        "cat": "TEXT",
+        "int": "INTEGER",
+        "real": "REAL",
+        "fk": "INTEGER",
+    },
+    "sized": {
+        "key": "int PRIMARY KEY",
+        "label": "varchar(80) NOT NULL",
+        "cat": "varchar(40)",
+        "int": "int",
+        "real": "real",
+        "fk": "int",
+    },
 }
 
 
@@ -89,14 +100,29 @@ def domain_rows(domain: Domain, seed: int) -> dict[str, TableData]:
     return data
 
 
-def create_table_sql(table: Table) -> str:
-    """The CREATE TABLE statement of a table spec, foreign keys included."""
-    lines = [f"  {c.name} {_SQL_TYPES[c.kind]}" for c in table.columns]
-    lines += [f"  FOREIGN KEY ({c.name}) REFERENCES {c.spec[0]}(id)" for c in table.columns if c.kind == "fk"]
-    return f"CREATE TABLE {table.name} (\n" + ",\n".join(lines) + "\n)"
+def create_table_sql(table: Table, style: SchemaStyle) -> str:
+    """The CREATE TABLE statement of a table spec, foreign keys included, written in ``style``'s dialect."""
+
+    def name(identifier: str) -> str:
+        return f'"{identifier}"' if style.quoted else identifier
+
+    types = _SQL_TYPES[style.types]
+    lines = []
+    for c in table.columns:
+        line = f"  {name(c.name)} {types[c.kind]}"
+        if c.kind == "fk" and style.inline_fks:
+            line += f" REFERENCES {name(c.spec[0])}({name(c.spec[1])})"
+        lines.append(line)
+    if not style.inline_fks:
+        lines += [
+            f"  FOREIGN KEY ({name(c.name)}) REFERENCES {name(c.spec[0])}({name(c.spec[1])})"
+            for c in table.columns
+            if c.kind == "fk"
+        ]
+    return f"CREATE TABLE {name(table.name)} (\n" + ",\n".join(lines) + "\n)"
 
 
-def write_database(path: str, data: dict[str, TableData]) -> None:
+def write_database(path: str, data: dict[str, TableData], style: SchemaStyle) -> None:
     """Write the tables to ``path`` atomically (build a temporary file, then rename it into place)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -106,9 +132,9 @@ def write_database(path: str, data: dict[str, TableData]) -> None:
     try:
         for table_data in data.values():
             table = table_data.table
-            conn.execute(create_table_sql(table))
+            conn.execute(create_table_sql(table, style))
             marks = ", ".join("?" * len(table.columns))
-            conn.executemany(f"INSERT INTO {table.name} VALUES ({marks})", table_data.rows)
+            conn.executemany(f'INSERT INTO "{table.name}" VALUES ({marks})', table_data.rows)
         conn.commit()
     finally:
         conn.close()
