@@ -40,7 +40,8 @@ from rl.job.config import register_configs
 from rl.job.config_checks import check_config
 from rl.job.curriculum import Curriculum
 from rl.job.data import TaskStream
-from rl.job.evaluate import EvalResult, evaluate, succeeded
+from rl.job.eval_sets import HELD_OUT, EvalSet, held_out_tasks, score_eval_set, transfer_set
+from rl.job.evaluate import EvalResult, play_eval, succeeded
 from rl.job.logger import RunLogger, SampleRow
 from rl.job.loop_metrics import (
     StepTimer,
@@ -77,6 +78,7 @@ class Parts:
     test_tasks: Dataset
     train_model: torch.nn.Module  # what train_step runs: the model, wrapped in DDP under torchrun
     dist: dp.DistInfo = dp.SINGLE_PROCESS
+    transfer: EvalSet | None = None  # transfer=...: a second held-out set, from another task source
 
 
 def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwargs: dict, dist: dp.DistInfo):
@@ -114,12 +116,6 @@ def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwa
     return RemoteEngine(sync), sync
 
 
-def held_out_tasks(test: Dataset, num_tasks: int, seed: int) -> Dataset:
-    """The evaluation set: a seeded sample of the test split (task files list tasks grouped by schema and
-    family, so the first N would all be one kind)."""
-    return test.shuffle(seed=seed).select(range(min(num_tasks, len(test))))
-
-
 def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
     model_kwargs = dict(
         name=cfg.model.name.value,
@@ -143,7 +139,11 @@ def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts
     env = make_env(cfg.env.name, **cfg.env.args)
     tasks = task_splits(hydra.utils.call(cfg.env.tasks), env, cfg.env.tasks.get("_target_"), cfg.seed)
     test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.env.eval_seed)
-    return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist)
+    t, transfer = cfg.transfer, None
+    if t.tasks:  # transfer=...: a second held-out set, from another task source
+        source = t.tasks.get("_target_")
+        transfer = transfer_set(hydra.utils.call(t.tasks), env, source, t.eval_tasks, t.eval_seed, t.labels)
+    return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist, transfer)
 
 
 def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0, rank: int = 0) -> SamplingParams:
@@ -159,28 +159,38 @@ def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0, rank: int 
     )
 
 
-def run_eval(parts: Parts, cfg: DictConfig) -> EvalResult:
+def run_eval(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int) -> EvalResult:
+    """Score `eval_set` greedily, sharded over the ranks; its outcomes go to RUN_DIR/evals/."""
     greedy = SamplingParams(
         n=1,
         temperature=0.0,
         max_tokens=cfg.rollout.max_tokens,
         stop=list(getattr(parts.env, "stop", ())) or None,
     )
-    tasks = dp.shard(list(parts.test_tasks), parts.dist)
-    if not tasks:  # more ranks than held-out tasks
-        return dp.gather_eval(EvalResult(accuracy=0.0, reward=0.0, num_tasks=0), parts.dist)
-    result = evaluate(
+    play = partial(
+        play_eval,
         parts.engine,
         parts.tokenizer,
         parts.env,
-        tasks,
-        greedy,
-        partial(step_episodes, timeout_s=cfg.env.step_timeout_s),
-        start_episodes,
-        cfg.rollout.max_completion_tokens,
-        labels=cfg.env.eval_labels,
+        greedy_params=greedy,
+        step_fn=partial(step_episodes, timeout_s=cfg.env.step_timeout_s),
+        start_fn=start_episodes,
+        max_completion_tokens=cfg.rollout.max_completion_tokens,
+        labels=eval_set.labels,
     )
-    return dp.gather_eval(result, parts.dist)
+    return score_eval_set(play, eval_set, parts.dist, cfg.run_dir, stage, step)
+
+
+def eval_point(parts: Parts, cfg: DictConfig, stage: str, step: int, transfer: bool = False) -> EvalPoint:
+    """The held-out set's evaluation, and with `transfer` the transfer set's too (when there is one)."""
+    held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
+    on_transfer = transfer and parts.transfer is not None
+    return EvalPoint(
+        stage,
+        step,
+        run_eval(parts, cfg, held_out, stage, step),
+        run_eval(parts, cfg, parts.transfer, stage, step) if on_transfer else None,
+    )
 
 
 def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: StepTimer):
@@ -350,16 +360,16 @@ def stages_before_grpo(parts: Parts, cfg: DictConfig, logger: RunLogger | None, 
     """A fresh run scores the base model, then (sft.steps > 0) runs the warm start and scores it again;
     step 0 of the log holds what GRPO starts from."""
     with timer("eval"):
-        evals = [EvalPoint("base", 0, run_eval(parts, cfg))]
+        evals = [eval_point(parts, cfg, "base", 0, transfer=True)]
     if cfg.sft.steps > 0:
         if logger is not None:
-            logger.log_stage("base", 0, evals[-1].result.metrics())
+            logger.log_stage("base", 0, evals[-1].metrics())
         with timer("sft"):
             supervised_warm_start(parts, cfg, logger)
         with timer("eval"):
-            evals.append(EvalPoint("sft", cfg.sft.steps, run_eval(parts, cfg)))
+            evals.append(eval_point(parts, cfg, "sft", cfg.sft.steps, transfer=True))
     if logger is not None:
-        logger.log(0, evals[-1].result.metrics())
+        logger.log(0, evals[-1].metrics())
     return evals
 
 
@@ -388,8 +398,8 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
         metrics = combine_rank_metrics(dp.gather_objects(local, dist))
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.num_steps:
             with timer("eval"):
-                evals.append(EvalPoint("grpo", step, run_eval(parts, cfg)))
-            metrics.update(evals[-1].result.metrics())
+                evals.append(eval_point(parts, cfg, "grpo", step))  # the transfer set: not here
+            metrics.update(evals[-1].metrics())
         history.append(metrics)
         if logger is None:
             continue
@@ -406,10 +416,10 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
                 keep_last=cfg.keep_checkpoints,
             )
     with timer("eval"):
-        evals.append(EvalPoint("grpo", cfg.num_steps, run_eval(parts, cfg)))
+        evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, transfer=True))
     summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps)
     if logger is not None:
-        logger.log(cfg.num_steps, evals[-1].result.metrics())
+        logger.log(cfg.num_steps, evals[-1].metrics())
         logger.close()
         write_summary(cfg.run_dir, summary)
         print(summary_text(summary, history, timer))
@@ -419,13 +429,17 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
 def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     check_config(cfg)
     parts = build_parts(cfg, dist)
+    stage, step = "base", 0
     if cfg.checkpoint:
-        load_checkpoint(cfg.checkpoint, parts.model, restore_rng=False)
+        stage, step = "checkpoint", load_checkpoint(cfg.checkpoint, parts.model, restore_rng=False).step
         parts.sync.push(lora_tensors(parts.model), version=1)
-    result = run_eval(parts, cfg)
+    point = eval_point(parts, cfg, stage, step, transfer=True)  # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
     if dist.is_main:
         print(f"held-out greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
-        print(result.table())
+        print(point.result.table())
+        if point.transfer is not None:
+            print(f"transfer set greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
+            print(point.transfer.table())
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")

@@ -87,6 +87,17 @@ class EnvConfig:
 
 
 @dataclass
+class TransferConfig:
+    """A second held-out set (``transfer=spider``): the test split of another task source, scored like the
+    env's own at the base, after the warm start and at the end. No `tasks`: none (``transfer=none``)."""
+
+    tasks: dict[str, Any] = field(default_factory=dict)  # `_target_` returning a DatasetDict(train, test)
+    eval_tasks: int = 500  # tasks sampled from its test split
+    eval_seed: int = 0  # draws the sample (and splits a source that returns one Dataset)
+    labels: list[str] = field(default_factory=lambda: ["family", "db_id"])  # accuracy by these
+
+
+@dataclass
 class TrainerConfig:
     lr: float = 2e-5
     weight_decay: float = 0.0
@@ -111,6 +122,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -137,6 +149,7 @@ def register_configs() -> None:
         ("rollout", RolloutConfig),
         ("algo", AlgoConfig),
         ("env", EnvConfig),
+        ("transfer", TransferConfig),
         ("logger", LoggerConfig),
     ]:
         cs.store(group=group, name=f"{group}_schema", node=node)

@@ -8,7 +8,9 @@ named in one ConfigError, with the range it accepts.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from rl.algo.losses import LOSS_RULES
 from rl.job.model_loading import resolve_device
@@ -49,6 +51,7 @@ RULES: tuple[Rule, ...] = (
     ("algo.group_size", at_least(2), "use an integer >= 2 (GRPO compares the samples of a group)"),
     ("env.eval_tasks", at_least(1), "use an integer >= 1"),
     ("env.step_timeout_s", positive, "use a finite number of seconds > 0"),
+    ("transfer.eval_tasks", at_least(1), "use an integer >= 1"),
     (
         "lora.target_modules",
         _lora_targets,
@@ -74,12 +77,34 @@ RULES: tuple[Rule, ...] = (
 def config_problems(cfg: DictConfig) -> list[str]:
     """One line per key whose value is outside its range (RULES, and `rl.algo.losses.LOSS_RULES` for algo)."""
     problems = rule_problems(RULES, cfg) + rule_problems(LOSS_RULES, cfg.algo, prefix="algo.")
+    problems += [  # a value an option leaves to the user (a data root: env=spider, transfer=spider)
+        f"{key}=???: this setting has no default; set it on the command line ({key}=...)"
+        for key in _missing_keys(OmegaConf.to_container(cfg, resolve=False))
+    ]
+    problems += _transfer_problems(cfg.transfer)
     if cfg.algo.group_size > cfg.rollout.max_num_seqs:
         problems.append(
             f"algo.group_size={cfg.algo.group_size!r}: use at most rollout.max_num_seqs="
             f"{cfg.rollout.max_num_seqs} (the engine runs the samples of a group together), or raise that"
         )
     return problems
+
+
+def _missing_keys(tree: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose value is ``???`` (read unresolved: run_dir is Hydra's until the run starts)."""
+    if isinstance(tree, dict):
+        return [k for key, value in tree.items() for k in _missing_keys(value, f"{prefix}{key}.")]
+    return [prefix[:-1]] if tree == "???" else []
+
+
+def _transfer_problems(transfer: DictConfig) -> list[str]:
+    """A transfer set's task source needs a `_target_`."""
+    if not transfer.tasks or "_target_" in transfer.tasks:
+        return []
+    return [
+        "transfer.tasks has no _target_: choose a transfer set (transfer=spider) or set "
+        "transfer.tasks._target_ to a function returning a DatasetDict(train, test)"
+    ]
 
 
 def check_config(cfg: DictConfig) -> None:

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from rl.job.evaluate import EvalResult
 from rl.settings import ConfigError
 from rollout_engine.memory import total_memory_bytes
 
@@ -192,33 +191,17 @@ def broadcast_object(obj: T, info: DistInfo) -> T:
     return box[0]
 
 
-def gather_eval(result: EvalResult, info: DistInfo) -> EvalResult:
-    """The whole held-out set's result from each rank's result on its `shard` of the tasks."""
-    return merge_eval_results(gather_objects(result, info))
+def gather_shards(local: Sequence[T], info: DistInfo) -> list[T]:
+    """The whole list from each rank's `shard` of it, in the list's own order (every rank gets it)."""
+    return unshard(gather_objects(list(local), info))
 
 
-def merge_eval_results(results: Sequence[EvalResult]) -> EvalResult:
-    """One result for the union of disjoint task sets, weighting each part by its number of tasks."""
-    parts = [part for part in results if part.num_tasks > 0]
-    if len(parts) == 1:
-        return parts[0]
-    num_tasks = sum(part.num_tasks for part in parts)
-    by_label: dict[str, dict[str, tuple[float, int]]] = {}
-    for part in parts:
-        for label, values in part.by_label.items():
-            merged = by_label.setdefault(label, {})
-            for value, (accuracy, count) in values.items():
-                wins, seen = merged.get(value, (0.0, 0))
-                merged[value] = (wins + accuracy * count, seen + count)
-    return EvalResult(
-        accuracy=sum(part.accuracy * part.num_tasks for part in parts) / num_tasks,
-        reward=sum(part.reward * part.num_tasks for part in parts) / num_tasks,
-        num_tasks=num_tasks,
-        by_label={
-            label: {value: (wins / count, count) for value, (wins, count) in values.items()}
-            for label, values in by_label.items()
-        },
-    )
+def unshard(shards: Sequence[Sequence[T]]) -> list[T]:
+    """The inverse of `shard`: rank r's i-th item was item i * world_size + r."""
+    whole: list[Any] = [None] * sum(map(len, shards))
+    for rank, items in enumerate(shards):
+        whole[rank :: len(shards)] = items
+    return whole
 
 
 def check_replicas(named: Mapping[str, torch.Tensor], info: DistInfo) -> None:

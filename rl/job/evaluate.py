@@ -1,4 +1,4 @@
-"""Greedy held-out evaluation: one episode per task, accuracy overall and by task label."""
+"""Greedy held-out evaluation: one episode per task, its outcome per task, accuracy overall and by label."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl.job.outcomes import TaskOutcome, mark_repeats, outcome_of
 from rl.job.play import Trajectory, play_groups
 
 SUCCESS_COMPONENT = "execution"  # SQL envs report the execution match under this reward name
@@ -27,13 +28,13 @@ class EvalResult:
         """The 95% Wilson score interval of the accuracy over ``num_tasks`` tasks."""
         return wilson_interval(self.accuracy, self.num_tasks)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
         low, high = self.ci95
         return {
-            "eval/accuracy": self.accuracy,
-            "eval/accuracy_ci_low": low,
-            "eval/accuracy_ci_high": high,
-            "eval/reward": self.reward,
+            f"{prefix}/accuracy": self.accuracy,
+            f"{prefix}/accuracy_ci_low": low,
+            f"{prefix}/accuracy_ci_high": high,
+            f"{prefix}/reward": self.reward,
         }
 
     def table(self) -> str:
@@ -84,9 +85,31 @@ def evaluate(
     max_completion_tokens: int,
     labels: Sequence[str] = ("family", "difficulty", "db_id"),
 ) -> EvalResult:
-    """Play each task once with `greedy_params` (temperature 0, n=1) and score it. The engine's prefix cache
-    is dropped afterwards: training never samples the held-out prompts, and an in-process engine gives the
-    memory of their KV blocks back to the trainer's next step."""
+    """Play each task once with `greedy_params` and score it (`play_eval`, then `score`)."""
+    outcomes = play_eval(
+        engine, tokenizer, env, tasks, greedy_params, step_fn, start_fn, max_completion_tokens, labels
+    )
+    mark_repeats(outcomes)
+    return score(outcomes, labels)
+
+
+def play_eval(
+    engine: Any,
+    tokenizer: Any,
+    env: Any,
+    tasks: Sequence[dict[str, Any]],
+    greedy_params: Any,
+    step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
+    start_fn: Callable[[Any, Sequence[Any]], list[Any]],
+    max_completion_tokens: int,
+    labels: Sequence[str] = ("family", "difficulty", "db_id"),
+) -> list[TaskOutcome]:
+    """Play each task once with `greedy_params` (temperature 0, n=1): one outcome per task, in order (the
+    keys of repeated tasks are numbered by `mark_repeats` once the whole set is together). The engine's
+    prefix cache is dropped afterwards: training never samples the held-out prompts, and an in-process
+    engine gives the memory of their KV blocks back to the trainer's next step."""
+    if not tasks:  # more ranks than held-out tasks: this rank's shard is empty
+        return []
     episodes = start_fn(env, tasks)
     trajectories = play_groups(
         engine,
@@ -100,19 +123,26 @@ def evaluate(
     drop_prefix_cache = getattr(engine, "reset_prefix_cache", None)  # a remote engine keeps its own
     if drop_prefix_cache is not None:
         drop_prefix_cache()
-    flat = [group[0] for group in trajectories]
-    wins = [succeeded(t) for t in flat]
+    return [
+        outcome_of(task, succeeded(t), t.reward, t.text, labels)
+        for task, (t,) in zip(tasks, trajectories, strict=True)
+    ]
+
+
+def score(outcomes: Sequence[TaskOutcome], labels: Sequence[str]) -> EvalResult:
+    """Accuracy (the share of successes) and mean reward, overall and by each of `labels`."""
     by_label: dict[str, dict[str, tuple[float, int]]] = {}
     for label in labels:
         buckets: dict[str, list[bool]] = defaultdict(list)
-        for task, win in zip(tasks, wins, strict=True):
-            if label in task:
-                buckets[str(task[label])].append(win)
+        for outcome in outcomes:
+            if label in outcome.labels:
+                buckets[outcome.labels[label]].append(outcome.success)
         if buckets:
             by_label[label] = {k: (sum(v) / len(v), len(v)) for k, v in buckets.items()}
+    num_tasks = len(outcomes)
     return EvalResult(
-        accuracy=sum(wins) / len(wins),
-        reward=sum(t.reward for t in flat) / len(flat),
-        num_tasks=len(flat),
+        accuracy=sum(o.success for o in outcomes) / num_tasks if num_tasks else 0.0,
+        reward=sum(o.reward for o in outcomes) / num_tasks if num_tasks else 0.0,
+        num_tasks=num_tasks,
         by_label=by_label,
     )

@@ -1,7 +1,9 @@
 """The run's learning record: every held-out evaluation by stage, ``summary.json``, and the printed summary.
 
 Stages: ``base`` (the untouched model, before anything trains), ``sft`` (after the supervised warm start:
-where GRPO starts) and ``grpo`` (every ``eval_every`` GRPO steps and at the end).
+where GRPO starts) and ``grpo`` (every ``eval_every`` GRPO steps and at the end). A transfer set, when one is
+configured, is scored at the base, after the warm start and at the end only; its keys start with
+``transfer_``, and a run without one has none of them.
 """
 
 from __future__ import annotations
@@ -23,11 +25,17 @@ SUMMARY_FILE = "summary.json"
 class EvalPoint:
     stage: str  # base | sft | grpo
     step: int  # the stage's own step count when the evaluation ran
-    result: EvalResult
+    result: EvalResult  # the held-out set's
+    transfer: EvalResult | None = None  # the transfer set's, where it was scored
+
+    def metrics(self) -> dict[str, float]:
+        """``eval/*`` for the held-out set, and ``transfer/*`` where the transfer set was scored."""
+        transfer = self.transfer.metrics(prefix="transfer") if self.transfer is not None else {}
+        return {**self.result.metrics(), **transfer}
 
     def as_dict(self) -> dict[str, Any]:
         low, high = self.result.ci95
-        return {
+        point = {
             "stage": self.stage,
             "step": self.step,
             "accuracy": self.result.accuracy,
@@ -35,11 +43,45 @@ class EvalPoint:
             "reward": self.result.reward,
             "num_tasks": self.result.num_tasks,
         }
+        if self.transfer is not None:
+            point.update(
+                transfer_accuracy=self.transfer.accuracy,
+                transfer_ci95=list(self.transfer.ci95),
+                transfer_reward=self.transfer.reward,
+                transfer_num_tasks=self.transfer.num_tasks,
+            )
+        return point
 
 
-def _accuracy_at(points: Sequence[EvalPoint], stage: str, last: bool = False) -> float | None:
-    matching = [p.result.accuracy for p in points if p.stage == stage]
+def _result_at(points: Sequence[EvalPoint], stage: str, last: bool = False, transfer: bool = False):
+    matching = [p.transfer if transfer else p.result for p in points if p.stage == stage]
+    matching = [r for r in matching if r is not None]
     return (matching[-1] if last else matching[0]) if matching else None
+
+
+def _accuracy_at(points: Sequence[EvalPoint], stage: str, last: bool = False, transfer: bool = False):
+    result = _result_at(points, stage, last, transfer)
+    return None if result is None else result.accuracy
+
+
+def transfer_summary(points: Sequence[EvalPoint], sft_steps: int) -> dict[str, Any]:
+    """The ``transfer_*`` keys of ``summary.json``; none when no point scored a transfer set."""
+    scored = [p.transfer for p in points if p.transfer is not None]
+    if not scored:
+        return {}
+    base = _result_at(points, "base", transfer=True)
+    base_accuracy = None if base is None else base.accuracy
+    start = _accuracy_at(points, "sft", last=True, transfer=True) if sft_steps > 0 else base_accuracy
+    final = scored[-1]
+    return {
+        "transfer_base_accuracy": base_accuracy,
+        "transfer_grpo_start_accuracy": start,
+        "transfer_final_accuracy": final.accuracy,
+        "transfer_final_ci95": list(final.ci95),
+        "transfer_num_tasks": final.num_tasks,
+        "transfer_by_label": final.by_label,
+        "transfer_base_by_label": None if base is None else base.by_label,
+    }
 
 
 def run_summary(points: Sequence[EvalPoint], seed: int, wall_s: float, sft_steps: int) -> dict[str, Any]:
@@ -60,6 +102,7 @@ def run_summary(points: Sequence[EvalPoint], seed: int, wall_s: float, sft_steps
         "eval_history": [p.as_dict() for p in points],
         "by_label": final.by_label,
         "base_by_label": points[0].result.by_label if points[0].stage == "base" else None,
+        **transfer_summary(points, sft_steps),
     }
 
 
@@ -72,13 +115,38 @@ def write_summary(run_dir: str | os.PathLike, summary: dict[str, Any]) -> Path:
     return path
 
 
-def _label_table(summary: dict[str, Any], label: str) -> list[str]:
-    final = summary["by_label"].get(label, {})
-    base = (summary["base_by_label"] or {}).get(label, {})
+def _label_table(summary: dict[str, Any], label: str, prefix: str = "") -> list[str]:
+    final = summary[f"{prefix}by_label"].get(label, {})
+    base = (summary[f"{prefix}base_by_label"] or {}).get(label, {})
     lines = [f"  {label:24} {'base':>6} {'final':>6} {'tasks':>6}"]
     for value, (accuracy, count) in sorted(final.items()):
         before = f"{base[value][0]:6.3f}" if value in base else f"{'-':>6}"
         lines.append(f"  {value:24} {before} {accuracy:6.3f} {count:6d}")
+    return lines
+
+
+def _stage_accuracies(summary: dict[str, Any], prefix: str = "") -> list[str]:
+    lines = []
+    for key in ("base_accuracy", "grpo_start_accuracy", "final_accuracy"):
+        value = summary[prefix + key]
+        name = f"{prefix + key:{20 + len(prefix)}}"
+        lines.append(f"  {name} {'n/a (resumed run)' if value is None else f'{value:.3f}'}")
+    return lines
+
+
+def _transfer_lines(summary: dict[str, Any]) -> list[str]:
+    """The transfer set's accuracy at each stage it was scored at, and by label at the end and the base."""
+    lines = [f"transfer set greedy execution accuracy ({summary['transfer_num_tasks']} tasks, 95% CI):"]
+    for point in summary["eval_history"]:
+        if "transfer_accuracy" in point:
+            low, high = point["transfer_ci95"]
+            lines.append(
+                f"  {point['stage']:5} step {point['step']:4d}: {point['transfer_accuracy']:.3f} "
+                f"[{low:.3f}, {high:.3f}]  reward {point['transfer_reward']:+.3f}"
+            )
+    lines += _stage_accuracies(summary, prefix="transfer_")
+    for label in summary["transfer_by_label"]:
+        lines += _label_table(summary, label, prefix="transfer_")
     return lines
 
 
@@ -96,11 +164,11 @@ def summary_text(summary: dict[str, Any], history: Sequence[dict[str, float]], t
             f"  {point['stage']:5} step {point['step']:4d}: {point['accuracy']:.3f} [{low:.3f}, {high:.3f}]"
             f"  reward {point['reward']:+.3f}"
         )
-    for key in ("base_accuracy", "grpo_start_accuracy", "final_accuracy"):
-        value = summary[key]
-        lines.append(f"  {key:20} {'n/a (resumed run)' if value is None else f'{value:.3f}'}")
+    lines += _stage_accuracies(summary)
     for label in summary["by_label"]:
         lines += _label_table(summary, label)
+    if "transfer_final_accuracy" in summary:
+        lines += _transfer_lines(summary)
     rewards = [m["reward"] for m in history]
     if rewards:
         width = max(1, len(rewards) // 10)

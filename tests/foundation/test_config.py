@@ -29,7 +29,14 @@ def compose_train():
 
 def test_every_group_has_options():
     groups = {group for group, _ in GROUP_OPTIONS}
-    assert groups == {"model", "rollout", "algo", "env", "logger"}
+    assert groups == {"model", "rollout", "algo", "env", "transfer", "logger"}
+
+
+def option_overrides(compose_train, group, option):
+    """`group=option`, plus a stand-in for each value the option leaves to the user (`???`, a data root)."""
+    overrides = [f"{group}={option}", "run_dir=/tmp/run"]
+    missing = sorted(OmegaConf.missing_keys(compose_train(overrides)))
+    return overrides + [f"{key}=/data/{option}" for key in missing]
 
 
 def test_long_preset_overrides_the_default_job(compose_train):
@@ -48,7 +55,7 @@ def test_long_preset_overrides_the_default_job(compose_train):
 @pytest.mark.parametrize("group, option", GROUP_OPTIONS)
 def test_every_yaml_composes(compose_train, group, option):
     # run_dir defaults to Hydra's per-run output directory, which only exists inside a real run
-    cfg = compose_train([f"{group}={option}", "run_dir=/tmp/run"])
+    cfg = compose_train(option_overrides(compose_train, group, option))
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert group in resolved
 
@@ -87,7 +94,7 @@ def test_bad_override_on_the_command_line_is_one_message_not_a_traceback():
 
 @pytest.mark.parametrize("group, option", GROUP_OPTIONS)
 def test_every_yaml_holds_values_in_range(compose_train, group, option):
-    check_config(compose_train([f"{group}={option}", "run_dir=/tmp/run"]))
+    check_config(compose_train(option_overrides(compose_train, group, option)))
 
 
 @pytest.mark.parametrize(

@@ -69,3 +69,54 @@ def test_without_a_warm_start_grpo_starts_at_the_base_and_a_resume_knows_neither
     resumed = run_summary([EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0)
     assert resumed["base_accuracy"] is None and resumed["grpo_start_accuracy"] is None
     assert "base_accuracy        n/a (resumed run)" in summary_text(resumed, [], StepTimer())
+
+
+def test_a_transfer_set_adds_its_own_keys_lines_and_tables():
+    transfer = {"db_id": {"concert": (0.0, 30), "pets": (0.1, 20)}}
+    points = [
+        EvalPoint("base", 0, result(0.02), EvalResult(0.04, -0.1, 50, transfer)),
+        EvalPoint("sft", 20, result(0.30), EvalResult(0.10, 0.0, 50)),
+        EvalPoint("grpo", 10, result(0.33)),  # not scored on the transfer set
+        EvalPoint("grpo", 20, result(0.37), EvalResult(0.12, 0.1, 50, {"db_id": {"pets": (0.3, 20)}})),
+    ]
+    summary = run_summary(points, seed=0, wall_s=10.0, sft_steps=20)
+    assert (
+        summary["transfer_base_accuracy"],
+        summary["transfer_grpo_start_accuracy"],
+        summary["transfer_final_accuracy"],
+        summary["transfer_num_tasks"],
+    ) == (0.04, 0.10, 0.12, 50)
+    assert summary["transfer_final_ci95"] == list(wilson_interval(0.12, 50))
+    assert summary["transfer_by_label"] == {"db_id": {"pets": (0.3, 20)}}
+    assert summary["transfer_base_by_label"] == transfer
+    assert [p.get("transfer_accuracy") for p in summary["eval_history"]] == [0.04, 0.10, None, 0.12]
+    assert summary["final_accuracy"] == 0.37  # the held-out keys keep their meaning
+    assert points[2].metrics().keys() == {"eval/accuracy", "eval/accuracy_ci_low", "eval/accuracy_ci_high",
+                                          "eval/reward"}  # fmt: skip
+    assert points[3].metrics()["transfer/accuracy"] == 0.12 and points[3].metrics()["eval/accuracy"] == 0.37
+    text = summary_text(summary, [], StepTimer())
+    transfer_text = text[text.index("transfer set greedy execution accuracy (50 tasks, 95% CI):") :]
+    assert "  base  step    0: 0.040 [" in transfer_text and "  grpo  step   20: 0.120 [" in transfer_text
+    assert "grpo  step   10" not in transfer_text
+    assert "  transfer_grpo_start_accuracy  0.100" in transfer_text
+    assert "  pets                      0.100  0.300     20" in transfer_text
+    assert "concert" not in transfer_text  # the table lists the final point's values
+
+
+def test_without_a_transfer_set_the_summary_has_no_transfer_keys():
+    summary = run_summary([EvalPoint("base", 0, result(0.1)), EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0)
+    assert not [key for key in summary if key.startswith("transfer")]
+    assert not [key for p in summary["eval_history"] for key in p if key.startswith("transfer")]
+    assert "transfer" not in summary_text(summary, [], StepTimer())
+
+
+def test_without_a_warm_start_the_transfer_sets_grpo_start_is_its_base():
+    points = [
+        EvalPoint("base", 0, result(0.1), EvalResult(0.25, 0.0, 8)),
+        EvalPoint("grpo", 5, result(0.2), EvalResult(0.5, 0.0, 8)),
+    ]
+    summary = run_summary(points, 0, 1.0, sft_steps=0)
+    assert summary["transfer_grpo_start_accuracy"] == summary["transfer_base_accuracy"] == 0.25
+    resumed = run_summary(points[1:], 0, 1.0, sft_steps=0)
+    assert resumed["transfer_base_accuracy"] is None and resumed["transfer_base_by_label"] is None
+    assert "transfer_base_accuracy        n/a (resumed run)" in summary_text(resumed, [], StepTimer())

@@ -23,13 +23,12 @@ from rl.job.distributed import (
     distributed,
     engine_memory_budget,
     init_distributed,
-    merge_eval_results,
     rank_device,
     shard,
 )
-from rl.job.evaluate import EvalResult
 from rl.job.loop_metrics import combine_rank_metrics
 from rl.job.model_loading import load_model
+from rl.job.outcomes import read_outcomes
 from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import SamplingParams
 
@@ -148,6 +147,11 @@ def test_ranks_split_each_global_batch_and_walk_the_same_stream(ddp_run):
     held_out = _questions(load_train_module().held_out_tasks(vowel_tasks()["test"], 4, cfg.seed))
     for eval_0, eval_1 in zip(ranks[0]["eval"], ranks[1]["eval"], strict=True):
         assert len(eval_0) == len(eval_1) == 2 and sorted(eval_0 + eval_1) == sorted(held_out)
+    # rank 0 gathers both shards' outcomes and writes them in the held-out set's own order
+    outcomes = read_outcomes(run_dir / "evals" / f"held_out_grpo_{NUM_STEPS}.jsonl")
+    assert [o["question"] for o in outcomes] == held_out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_accuracy"] == sum(o["success"] for o in outcomes) / len(outcomes)
 
 
 def test_rank_zero_alone_logs_and_checkpoints_the_combined_metrics(ddp_run):
@@ -193,6 +197,23 @@ def test_every_rank_resumes_from_rank_zeros_checkpoint_as_if_never_stopped(ddp_r
         assert all(torch.equal(after["final"][name], before["final"][name]) for name in before["final"])
 
 
+def test_a_transfer_set_is_sharded_over_the_ranks_and_written_whole_in_its_order(tmp_path):
+    # 5 tasks over 2 ranks: shards of 3 and 2, gathered back into the sample's order by rank 0
+    transfer = ["+transfer.tasks._target_=e2e_vowel_env.vowel_tasks", "transfer.eval_tasks=5"]
+    ranks = torchrun(tmp_path, *transfer)
+    sample = _questions(load_train_module().held_out_tasks(vowel_tasks()["test"], 5, 0))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for name in ("transfer_base_0", f"transfer_grpo_{NUM_STEPS}"):
+        outcomes = read_outcomes(tmp_path / "evals" / f"{name}.jsonl")
+        assert [o["question"] for o in outcomes] == sample
+    assert summary["transfer_num_tasks"] == 5
+    assert summary["transfer_final_accuracy"] == sum(o["success"] for o in outcomes) / 5
+    mean_reward = sum(o["reward"] for o in outcomes) / 5
+    assert summary["eval_history"][-1]["transfer_reward"] == pytest.approx(mean_reward)
+    assert [len(q) for q in ranks[0]["eval"]] == [2, 3, 2, 3]  # held-out 4 and transfer 5, twice
+    assert [len(q) for q in ranks[1]["eval"]] == [2, 2, 2, 2]
+
+
 def test_rank_metrics_combine_by_meaning():
     per_rank = [
         {"reward": 0.2, "rollout/tokens_per_s": 100.0, "time/train": 3.0, "rewards/vowels": 0.4},
@@ -205,19 +226,6 @@ def test_rank_metrics_combine_by_meaning():
         "rewards/vowels": pytest.approx(0.2),  # rank 1's episodes scored 0 on it
         "completions/min_length": 4.0,
     }
-
-
-def test_eval_shards_merge_into_the_whole_set():
-    a = EvalResult(accuracy=0.5, reward=1.0, num_tasks=2, by_label={"family": {"join": (0.5, 2)}})
-    b = EvalResult(
-        accuracy=1.0, reward=0.25, num_tasks=4, by_label={"family": {"join": (1.0, 1), "agg": (1.0, 3)}}
-    )
-    merged = merge_eval_results([a, b, EvalResult(accuracy=0.0, reward=0.0, num_tasks=0)])
-    assert merged.num_tasks == 6
-    assert merged.accuracy == pytest.approx(5 / 6)  # 1 + 4 wins of 6
-    assert merged.reward == pytest.approx((2 * 1.0 + 4 * 0.25) / 6)
-    assert merged.by_label["family"]["join"] == (pytest.approx(2 / 3), 3)
-    assert merged.by_label["family"]["agg"] == (pytest.approx(1.0), 3)
 
 
 def test_shards_interleave_and_cover_the_items():

@@ -1,0 +1,268 @@
+"""A transfer set beside the held-out set: scored at the base, after the warm start and at the end of a tiny
+run, with per-task outcome files that summary.json and metrics.jsonl must agree with; a run without one is
+unchanged; mode=eval scores it too; its task source is checked by the env like the env's own."""
+
+import json
+import os
+import sqlite3
+import sys
+import types
+from collections import Counter
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+from test_train_e2e import SMALL_SQL, compose_cfg, load_train_module
+
+from envs import EnvError, StepResult
+from kernels import cpu_threads
+from rl.job.config import register_configs
+from rl.job.eval_sets import held_out_tasks
+from rl.job.outcomes import read_outcomes, task_key
+from rl.settings import ConfigError
+
+FAMILIES, DATABASES = ("filter", "join"), ("pets", "concert", "shop")
+
+
+class ParityEnv:
+    """A plugin env whose success is a parity of the question and the reply, so it splits the tasks roughly
+    in half even for a tiny random model that writes the same reply to every prompt, and accuracies computed
+    two ways can disagree; it also demonstrates, so the warm start runs."""
+
+    max_turns = 1
+
+    def start(self, task):
+        return ParityEpisode(task)
+
+    def demonstration(self, task):
+        return "even"
+
+
+class ParityEpisode:
+    max_turns = 1
+
+    def __init__(self, task):
+        self.question = task["question"]
+        self.messages = [{"role": "user", "content": self.question}]
+
+    def step(self, action):
+        won = float((len(action) + sum(map(ord, self.question))) % 2 == 0)
+        return StepResult(None, won + 0.01 * len(action), True, rewards={"execution": won})
+
+
+def parity_tasks():
+    rows = [{"question": f"Describe the number {i} in a few words."} for i in range(40)]
+    return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
+
+
+def other_tasks(num_test: int = 16):
+    """Another source: other questions, with the labels a transfer table breaks accuracy down by."""
+    rows = [
+        {"question": f"Tell me a fact about item {i}.", "family": FAMILIES[i % 2], "db_id": DATABASES[i % 3]}
+        for i in range(num_test + 2)
+    ]
+    return DatasetDict(train=Dataset.from_list(rows[:2]), test=Dataset.from_list(rows[2:]))
+
+
+def write_shop_db(path) -> str:
+    if os.path.exists(path):  # the task source runs once per run: the database is written once
+        return str(path)
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE item (id INTEGER PRIMARY KEY, name TEXT, price REAL)")
+    rows = [(1, "pen", 1.5), (2, "ink", 4.0), (3, "pad", 2.25)]
+    conn.executemany("INSERT INTO item VALUES (?, ?, ?)", rows)
+    conn.commit()
+    conn.close()
+    return str(path)
+
+
+def sql_tasks(db_dir: str, missing_db: bool = False):
+    """Real-looking SQL tasks over a fixture database (the test split is what a transfer set scores)."""
+    db_path = write_shop_db(f"{db_dir}/shop.sqlite")
+    queries = [
+        ("How many items are there?", "SELECT count(*) FROM item", "aggregate"),
+        ("List the names of all items.", "SELECT name FROM item", "filter"),
+        ("Which item costs most?", "SELECT name FROM item ORDER BY price DESC LIMIT 1", "order_limit"),
+        ("Which items cost less than 3?", "SELECT name FROM item WHERE price < 3", "filter"),
+        ("What is the average price?", "SELECT avg(price) FROM item", "aggregate"),
+    ]
+    rows = [
+        {"question": q, "gold_sql": sql, "family": family, "db_id": "shop", "db_path": db_path}
+        for q, sql, family in queries
+    ]
+    if missing_db:
+        rows[2]["db_path"] = f"{db_dir}/gone.sqlite"
+    return DatasetDict(train=Dataset.from_list(rows[:1]), test=Dataset.from_list(rows[1:]))
+
+
+PLUGIN = types.ModuleType("e2e_transfer_env")
+PLUGIN.ParityEnv, PLUGIN.parity_tasks, PLUGIN.other_tasks, PLUGIN.sql_tasks = (
+    ParityEnv, parity_tasks, other_tasks, sql_tasks
+)  # fmt: skip
+sys.modules[PLUGIN.__name__] = PLUGIN
+PARITY = [
+    "env=plugin",
+    "env.name=e2e_transfer_env.ParityEnv",
+    "~env.args.max_turns",
+    "env.tasks._target_=e2e_transfer_env.parity_tasks",
+    "~env.tasks.num_tasks",
+    "~env.tasks.seed",
+    "env.eval_tasks=8",
+    "num_steps=2",
+    "eval_every=1",
+    "sft.steps=1",
+    "sft.batch_size=2",
+]
+TRANSFER = [
+    "+transfer.tasks._target_=e2e_transfer_env.other_tasks",
+    "transfer.eval_tasks=12",  # of 16: a sample, drawn like the held-out set
+    "transfer.eval_seed=3",
+]
+STAGES = [("base", 0), ("sft", 1), ("grpo", 1), ("grpo", 2)]
+
+
+def successes(path) -> list[int]:
+    return [record["success"] for record in read_outcomes(path)]
+
+
+def metric_records(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same tiny run with and without a transfer set, at one thread count (so they can match exactly)."""
+    register_configs()
+    train = load_train_module()
+    out = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_threads, "_governor", lambda: None)
+        threads = torch.get_num_threads()
+        for name, extra in (("with", TRANSFER), ("without", [])):
+            run_dir = tmp_path_factory.mktemp(name)
+            cfg = compose_cfg(run_dir, *PARITY, *extra)
+            torch.manual_seed(cfg.seed)
+            out[name] = (run_dir, train.train(cfg))
+        torch.set_num_threads(threads)
+    return out
+
+
+def test_the_transfer_set_is_scored_at_the_base_after_the_warm_start_and_at_the_end(runs):
+    run_dir, result = runs["with"]
+    assert [(p.stage, p.step) for p in result.evals] == STAGES
+    assert [p.transfer is not None for p in result.evals] == [True, True, False, True]  # not at eval_every
+    names = sorted(p.name for p in (run_dir / "evals").iterdir())
+    assert names == sorted(
+        [f"held_out_{s}_{n}.jsonl" for s, n in STAGES]
+        + ["transfer_base_0.jsonl", "transfer_sft_1.jsonl", "transfer_grpo_2.jsonl"]
+    )
+    # the sample of the source's test split, drawn by transfer.eval_seed as held_out_tasks draws
+    expected = held_out_tasks(other_tasks()["test"], 12, seed=3)
+    assert [r["key"] for r in read_outcomes(run_dir / "evals" / "transfer_base_0.jsonl")] == [
+        task_key(t) for t in expected
+    ]
+
+
+def test_summary_json_agrees_with_the_outcome_files(runs):
+    run_dir, _ = runs["with"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    evals = run_dir / "evals"
+    base, start, final = (successes(evals / f"transfer_{n}.jsonl") for n in ("base_0", "sft_1", "grpo_2"))
+    everything = base + start + final
+    assert 0 < sum(everything) < len(everything)  # mixed outcomes: the checks below can fail
+    assert summary["transfer_num_tasks"] == len(final) == 12
+    assert summary["transfer_base_accuracy"] == sum(base) / 12
+    assert summary["transfer_grpo_start_accuracy"] == sum(start) / 12
+    assert summary["transfer_final_accuracy"] == sum(final) / 12
+    assert summary["final_accuracy"] == sum(successes(evals / "held_out_grpo_2.jsonl")) / 8
+    records = read_outcomes(evals / "transfer_grpo_2.jsonl")
+    for label in ("family", "db_id"):
+        counts = Counter(r[label] for r in records)
+        wins = Counter(r[label] for r in records if r["success"])
+        assert summary["transfer_by_label"][label] == {v: [wins[v] / n, n] for v, n in counts.items()}
+    assert summary["transfer_base_by_label"]["db_id"].keys() == set(DATABASES)
+    history = summary["eval_history"]
+    assert [p.get("transfer_accuracy") for p in history] == [
+        summary["transfer_base_accuracy"], summary["transfer_grpo_start_accuracy"], None,
+        summary["transfer_final_accuracy"],
+    ]  # fmt: skip
+    assert history[-1]["transfer_num_tasks"] == 12
+
+
+def test_metrics_log_the_transfer_set_where_it_ran(runs):
+    run_dir, result = runs["with"]
+    logged = [(r.get("stage"), r["step"], r["transfer/accuracy"]) for r in metric_records(run_dir)
+              if "transfer/accuracy" in r]  # fmt: skip
+    base, start, final = (p.transfer.accuracy for p in result.evals if p.transfer is not None)
+    assert logged == [("base", 0, base), (None, 0, start), (None, 2, final)]
+    step_1 = [r for r in metric_records(run_dir) if r["step"] == 1 and "eval/accuracy" in r]
+    assert step_1 and "transfer/accuracy" not in step_1[0]
+
+
+def test_without_a_transfer_set_nothing_changes(runs):
+    with_dir, with_result = runs["with"]
+    run_dir, result = runs["without"]
+    assert not list((run_dir / "evals").glob("transfer_*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert not [key for key in summary if key.startswith("transfer")]
+    assert not [key for r in metric_records(run_dir) for key in r if key.startswith("transfer/")]
+    # the held-out evaluations and the training steps are those of the run with a transfer set
+    for stage, step in STAGES:
+        name = f"held_out_{stage}_{step}.jsonl"
+        assert read_outcomes(run_dir / "evals" / name) == read_outcomes(with_dir / "evals" / name)
+    assert [m["reward"] for m in result.history] == [m["reward"] for m in with_result.history]
+
+
+@pytest.fixture(scope="module")
+def sql_db_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("shop_db"))
+
+
+def test_mode_eval_scores_sql_transfer_tasks_after_the_held_out_set(sql_db_dir, tmp_path, capsys):
+    register_configs()
+    train = load_train_module()
+    transfer = ["+transfer.tasks._target_=e2e_transfer_env.sql_tasks", f"+transfer.tasks.db_dir={sql_db_dir}"]
+    train.eval_only(compose_cfg(tmp_path, "mode=eval", "env.eval_tasks=3", SMALL_SQL, *transfer))
+    out = capsys.readouterr().out
+    held_out_at = out.index("held-out greedy execution accuracy (base model):")
+    transfer_at = out.index("transfer set greedy execution accuracy (base model):")
+    assert held_out_at < transfer_at
+    table = out[transfer_at:].splitlines()
+    assert table[2].split()[0] == "all" and table[2].split()[-1] == "4"
+    assert {line.split()[0] for line in table[3:]} == {
+        "family=aggregate", "family=filter", "family=order_limit", "db_id=shop",
+    }  # fmt: skip
+    records = read_outcomes(tmp_path / "evals" / "transfer_base_0.jsonl")
+    test_split = sql_tasks(sql_db_dir)["test"]
+    assert sorted(r["key"] for r in records) == sorted(task_key(t) for t in test_split)
+    assert all(r["db_id"] == "shop" and r["completion"].startswith("```sql\nSELECT") for r in records)
+    assert len(read_outcomes(tmp_path / "evals" / "held_out_base_0.jsonl")) == 3
+
+
+def test_a_transfer_row_the_env_cannot_play_stops_the_run_at_start(sql_db_dir, tmp_path):
+    train = load_train_module()
+    transfer = [
+        "+transfer.tasks._target_=e2e_transfer_env.sql_tasks",
+        f"+transfer.tasks.db_dir={sql_db_dir}",
+        "+transfer.tasks.missing_db=true",
+    ]
+    where = "row 1 of the 'test' split from e2e_transfer_env.sql_tasks"
+    with pytest.raises(EnvError, match=f"{where}: .*gone.sqlite"):
+        train.build_parts(compose_cfg(tmp_path, SMALL_SQL, *transfer))
+
+
+def never_built(*args, **kwargs):
+    raise AssertionError("build_parts ran: the check came too late")
+
+
+def test_transfer_spider_without_its_root_stops_before_the_model_loads(tmp_path, monkeypatch):
+    train = load_train_module()
+    monkeypatch.setattr(train, "build_parts", never_built)
+    with pytest.raises(ConfigError, match=r"transfer.tasks.root=\?\?\?: this setting has no default; set it"):
+        train.train(compose_cfg(tmp_path, "transfer=spider"))
+    cfg = compose_cfg(tmp_path, "transfer=spider", "transfer.tasks.root=/data/spider")
+    assert cfg.transfer.tasks._target_ == "envs.sql.loaders.spider_tasks" and cfg.transfer.eval_tasks == 500
+    assert list(cfg.transfer.labels) == ["family", "db_id"]
+    zero = compose_cfg(tmp_path, "transfer=spider", "transfer.tasks.root=/x", "transfer.eval_tasks=0")
+    with pytest.raises(ConfigError, match="transfer.eval_tasks=0: use an integer >= 1"):
+        train.train(zero)
