@@ -415,11 +415,14 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
                 config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
                 keep_last=cfg.keep_checkpoints,
             )
-    with timer("eval"):
-        evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, transfer=True))
+    final_eval = cfg.num_steps > 0 or not evals  # num_steps=0: the warm start's evaluation is the last
+    if final_eval:
+        with timer("eval"):
+            evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, transfer=True))
     summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps)
     if logger is not None:
-        logger.log(cfg.num_steps, evals[-1].metrics())
+        if final_eval:
+            logger.log(cfg.num_steps, evals[-1].metrics())
         logger.close()
         write_summary(cfg.run_dir, summary)
         print(summary_text(summary, history, timer))

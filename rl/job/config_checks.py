@@ -27,7 +27,11 @@ def _lora_targets(value: str) -> bool:
 
 
 RULES: tuple[Rule, ...] = (
-    ("num_steps", at_least(1), "use an integer >= 1"),
+    (
+        "num_steps",
+        at_least(0),
+        "use an integer >= 0 (0: the stages before GRPO alone, as an SFT-only control)",
+    ),
     ("prompts_per_step", at_least(1), "use an integer >= 1"),
     ("eval_every", at_least(0), "use an integer >= 0 (0: evaluate only before and after training)"),
     ("checkpoint_every", at_least(0), "use an integer >= 0 (0: no checkpoints)"),

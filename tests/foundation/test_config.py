@@ -101,7 +101,7 @@ def test_every_yaml_holds_values_in_range(compose_train, group, option):
     "override, accepted",
     [
         ("prompts_per_step=-1", "an integer >= 1"),
-        ("num_steps=0", "an integer >= 1"),
+        ("num_steps=-1", "an integer >= 0"),
         ("eval_every=-1", "an integer >= 0"),
         ("keep_checkpoints=0", "an integer >= 1"),
         ("rollout.block_size=0", "an integer >= 1"),

@@ -264,6 +264,14 @@ def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tra
     assert rates and all(0.0 < v < 1.0 for v in rates.values())  # Beta(1, 1) posteriors stay inside
 
 
+def test_zero_grpo_steps_run_the_warm_start_alone_and_report_it_as_final(train_module, tmp_path):
+    result = run(train_module, tmp_path, "num_steps=0", "sft.steps=2", "sft.batch_size=4", SMALL_SQL)
+    assert [(p.stage, p.step) for p in result.evals] == [("base", 0), ("sft", 2)]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["final_accuracy"] == summary["grpo_start_accuracy"] == result.evals[1].result.accuracy
+    assert result.history == []
+
+
 def never_built(*args, **kwargs):
     raise AssertionError("build_parts ran: the check came too late")
 
