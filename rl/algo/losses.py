@@ -1,4 +1,5 @@
-"""Clipped policy-gradient loss: token or sequence (GSPO) ratios, dual-clip, KL penalty; and its settings.
+"""The policy-gradient loss and its settings: the PPO clip (dual-clip), CISPO or SAPO on token or sequence
+(GSPO) ratios, plus a KL penalty.
 
 All per-token tensors are [B, T] and aligned as described in `rl.algo.batch`; `mask` is true on the tokens the
 policy sampled. Values at masked-out positions never reach the loss or its gradient, whatever they hold.
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
 from rl.algo.aggregation import LossType, aggregation
 from rl.algo.importance import IS_MODES, MAX_LOG_RATIO
+from rl.algo.objectives import POLICY_LOSSES, cispo_surrogate, clipped_surrogate, sapo_surrogate
 from rl.settings import (
     ConfigError,
     Rule,
@@ -28,6 +31,7 @@ from rl.settings import (
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KLEstimator = choices("KLEstimator", KL_ESTIMATORS)
+PolicyLoss = choices("PolicyLoss", POLICY_LOSSES)
 ISMode = choices("ISMode", ("none", *IS_MODES))
 
 
@@ -43,7 +47,28 @@ LOSS_RULES: tuple[Rule, ...] = (
     ("beta", at_least(0), "use a finite number >= 0"),
     ("num_iterations", at_least(1), "use an integer >= 1"),
     ("is_cap", positive, "use a finite number > 0"),
+    (
+        "cispo_eps_high",
+        at_least(0),
+        "use a finite number >= 0 (CISPO caps the IS weight at 1 + cispo_eps_high; TRL's epsilon_high=5.0 "
+        "for loss_type='cispo' is cispo_eps_high=4.0)",
+    ),
+    ("sapo_tau_pos", positive, "use a finite number > 0 (the SAPO paper uses 1.0)"),
+    ("sapo_tau_neg", positive, "use a finite number > 0 (the SAPO paper uses 1.05)"),
 )
+
+
+def combination_problems(values: Any, prefix: str = "") -> list[str]:
+    """What LOSS_RULES, one key at a time, cannot see: settings that do not go together, named as
+    `rule_problems` names them. `values`: a LossConfig, or the algo.* config node (read by attribute)."""
+    policy_loss = PolicyLoss(values.policy_loss).value
+    if policy_loss != "clip" and values.dual_clip_c is not None:
+        return [
+            f"{prefix}dual_clip_c={values.dual_clip_c!r}: dual-clip caps the loss of the PPO clip, which "
+            f"policy_loss={policy_loss!r} does not use (cispo caps the IS weight at 1 + cispo_eps_high, and "
+            "sapo's gate is bounded by 4 / tau); leave it unset (algo.dual_clip_c=null)"
+        ]
+    return []
 
 
 @dataclass
@@ -56,9 +81,13 @@ class LossConfig:
     """
 
     loss_type: LossType = LossType.grpo  # the aggregation (rl.algo.aggregation)
-    eps_low: float = 0.2  # clip the ratio to [1 - eps_low, 1 + eps_high]
+    policy_loss: PolicyLoss = PolicyLoss.clip  # the per-token objective: clip, cispo or sapo
+    eps_low: float = 0.2  # clip: clip the ratio to [1 - eps_low, 1 + eps_high]
     eps_high: float = 0.2
-    dual_clip_c: float | None = None  # cap the loss of negative-advantage tokens at -c * A
+    dual_clip_c: float | None = None  # clip: cap the loss of negative-advantage tokens at -c * A
+    cispo_eps_high: float = 4.0  # cispo: cap the stop-gradient IS weight at 1 + cispo_eps_high
+    sapo_tau_pos: float = 1.0  # sapo: the gate's temperature where A > 0
+    sapo_tau_neg: float = 1.05  # sapo: where A <= 0
     gspo: bool = False  # one length-normalised ratio per sequence
     beta: float = 0.0  # weight of the KL penalty against the base model (the adapter disabled)
     kl_estimator: KLEstimator = KLEstimator.k3
@@ -70,9 +99,10 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         self.loss_type = choice(LossType, self.loss_type, "loss_type")
+        self.policy_loss = choice(PolicyLoss, self.policy_loss, "policy_loss")
         self.kl_estimator = choice(KLEstimator, self.kl_estimator, "kl_estimator")
         self.is_mode = choice(ISMode, self.is_mode, "is_mode")
-        problems = rule_problems(LOSS_RULES, self)
+        problems = rule_problems(LOSS_RULES, self) + combination_problems(self)
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -86,7 +116,7 @@ class LossStats:
     kl: torch.Tensor
     entropy: torch.Tensor | None
     clip_low: torch.Tensor  # ratio < 1 - eps_low with A < 0: the clip removed the gradient
-    clip_high: torch.Tensor  # ratio > 1 + eps_high with A > 0
+    clip_high: torch.Tensor  # ratio > 1 + eps_high with A > 0; cispo: its IS weight capped, any A
     clip_region: torch.Tensor
     clip_dual: torch.Tensor  # ratio > c with A < 0 (dual-clip)
     ratio_mean: torch.Tensor
@@ -155,18 +185,30 @@ def _ratio(logprobs, old_logprobs, mask, gspo: bool) -> torch.Tensor:
     return torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
 
 
-def clipped_surrogate(
-    ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, dual_clip_c: float | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A) for ratio [B, T], adv [B, 1], capped at -c*A where A < 0.
+class PolicyTerm(NamedTuple):
+    """A per-token objective's loss [B, T] and where its clip acted [B, T] (bool), for LossStats."""
 
-    Returns the per-token loss [B, T] and where the dual-clip cap applied [B, T].
-    """
-    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
-    if dual_clip_c is None:
-        return per_token, torch.zeros_like(per_token, dtype=torch.bool)
-    is_dual = (adv < 0) & (per_token > -adv * dual_clip_c)
-    return torch.where(is_dual, -adv * dual_clip_c, per_token), is_dual
+    per_token: torch.Tensor
+    clip_low: torch.Tensor
+    clip_high: torch.Tensor
+    clip_dual: torch.Tensor
+
+
+def policy_term(
+    logprobs: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor, loss: LossConfig
+) -> PolicyTerm:
+    """The per-token policy loss of `loss.policy_loss` for logprobs, ratio [B, T] and adv [B, 1]."""
+    none = torch.zeros_like(ratio, dtype=torch.bool)
+    if loss.policy_loss == "cispo":
+        capped = ratio.detach() > 1.0 + loss.cispo_eps_high  # the weight is capped, the gradient kept
+        return PolicyTerm(cispo_surrogate(logprobs, ratio, adv, loss.cispo_eps_high), none, capped, none)
+    if loss.policy_loss == "sapo":  # nothing is clipped
+        return PolicyTerm(sapo_surrogate(ratio, adv, loss.sapo_tau_pos, loss.sapo_tau_neg), none, none, none)
+    per_token, is_dual = clipped_surrogate(ratio, adv, loss.eps_low, loss.eps_high, loss.dual_clip_c)
+    r = ratio.detach()
+    is_low = (r < 1.0 - loss.eps_low) & (adv < 0)
+    is_high = (r > 1.0 + loss.eps_high) & (adv > 0)
+    return PolicyTerm(per_token, is_low, is_high, is_dual)
 
 
 def compute_policy_loss(
@@ -181,12 +223,15 @@ def compute_policy_loss(
     is_weights: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Clipped surrogate -min(r*A, clip(r, 1-eps_low, 1+eps_high)*A) per token, plus beta * KL, aggregated.
+    """The policy loss of `loss.policy_loss` per token, plus beta * KL, aggregated by `loss.loss_type`.
 
+    clip: -min(r*A, clip(r, 1-eps_low, 1+eps_high)*A), where `loss.dual_clip_c` caps the loss of
+    negative-advantage tokens at -c*A; cispo: -sg(min(r, 1+cispo_eps_high)) * A * log pi (`cispo_surrogate`);
+    sapo: -f(r) * A with SAPO's soft gate f (`sapo_surrogate`).
     logprobs (with grad), old_logprobs, mask, ref_logprobs, is_weights, entropy: [B, T]; advantages: [B].
-    r = exp(logprobs - old_logprobs) per token, or per sequence with `loss.gspo`. `loss.dual_clip_c` caps
-    the loss of negative-advantage tokens at -c*A. `is_weights` (see `rl.algo.importance`) multiply the policy
-    term only. max_completion_length: the generation length limit, which loss_type dr_grpo divides by.
+    r = exp(logprobs - old_logprobs) per token, or per sequence with `loss.gspo`. `is_weights` (see
+    `rl.algo.importance`) multiply the policy term only. max_completion_length: the generation length limit,
+    which loss_type dr_grpo divides by.
     """
     same_shape = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs,
                   "is_weights": is_weights, "entropy": entropy}  # fmt: skip
@@ -200,7 +245,8 @@ def compute_policy_loss(
     old_logprobs = torch.where(mask, old_logprobs.detach(), 0.0)
     adv = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1]
     ratio = _ratio(logprobs, old_logprobs, mask, loss.gspo)
-    per_token, is_dual = clipped_surrogate(ratio, adv, loss.eps_low, loss.eps_high, loss.dual_clip_c)
+    term = policy_term(logprobs, ratio, adv, loss)
+    per_token = term.per_token
     if is_weights is not None:
         per_token = per_token * torch.where(mask, is_weights.detach(), 0.0)
     policy_loss = reduce(per_token, mask)
@@ -212,19 +258,16 @@ def compute_policy_loss(
         kl = masked_mean(per_token_kl.detach(), mask)
         if loss.beta > 0.0:
             total = reduce(per_token + loss.beta * per_token_kl, mask)
-    ratio = ratio.detach()
-    is_low = (ratio < 1.0 - loss.eps_low) & (adv < 0)
-    is_high = (ratio > 1.0 + loss.eps_high) & (adv > 0)
     stats = LossStats(
         loss=total.detach(),
         policy_loss=policy_loss.detach(),
         kl=kl,
         entropy=None if entropy is None else masked_mean(entropy.detach(), mask),
-        clip_low=masked_mean(is_low.float(), mask),
-        clip_high=masked_mean(is_high.float(), mask),
-        clip_region=masked_mean((is_low | is_high).float(), mask),
-        clip_dual=masked_mean(is_dual.float(), mask),
-        ratio_mean=masked_mean(ratio, mask),
+        clip_low=masked_mean(term.clip_low.float(), mask),
+        clip_high=masked_mean(term.clip_high.float(), mask),
+        clip_region=masked_mean((term.clip_low | term.clip_high).float(), mask),
+        clip_dual=masked_mean(term.clip_dual.float(), mask),
+        ratio_mean=masked_mean(ratio.detach(), mask),
         num_tokens=mask.sum(),
     )
     return total, stats
