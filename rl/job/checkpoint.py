@@ -295,7 +295,18 @@ def _read_adapter(adapter_dir: Path, model: PeftModel) -> dict[str, torch.Tensor
     return weights
 
 
+def check_checkpoint(path: str | os.PathLike) -> None:
+    """Refuse, before a model loads, a path that is not a complete checkpoint directory (FileNotFoundError,
+    or ConfigError for a run directory), with what to pass instead."""
+    _check_loadable(Path(path))
+
+
 def _check_loadable(path: Path) -> None:
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"checkpoint {path} does not exist: pass a {CHECKPOINTS}/step_<N> directory of a run "
+            "(written by rl.job.checkpoint.save_checkpoint)"
+        )
     if (path / CHECKPOINTS).is_dir() and not (path / STATE).exists():
         raise ConfigError(
             f"{path} is a run directory, not a checkpoint: pass rl.job.checkpoint.find_latest({str(path)!r}) "

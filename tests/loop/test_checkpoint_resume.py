@@ -221,7 +221,9 @@ def test_bad_input_gets_a_clear_error_and_leaves_state_intact(tmp_path):
     path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler)
     with pytest.raises(ValueError, match="run directory"):
         load_checkpoint(tmp_path, model)
-    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+    with pytest.raises(
+        FileNotFoundError, match="nowhere does not exist: pass a checkpoints/step_<N> directory"
+    ):
         load_checkpoint(tmp_path / "nowhere", model)
 
     torch.manual_seed(5)
