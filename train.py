@@ -20,7 +20,7 @@ import gc
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import hydra
@@ -40,7 +40,7 @@ from rl.job.config import register_configs
 from rl.job.config_checks import check_config
 from rl.job.curriculum import Curriculum
 from rl.job.data import TaskStream
-from rl.job.eval_sets import HELD_OUT, EvalSet, held_out_tasks, score_eval_set, transfer_set
+from rl.job.eval_sets import HELD_OUT, EvalSet, held_out_tasks, score_eval_set, score_samples, transfer_set
 from rl.job.evaluate import EvalResult, play_eval, succeeded
 from rl.job.logger import RunLogger, SampleRow
 from rl.job.loop_metrics import (
@@ -51,6 +51,7 @@ from rl.job.loop_metrics import (
     reward_metrics,
 )
 from rl.job.model_loading import ModelLoadError, load_model
+from rl.job.pass_at_k import PassAtK, play_samples
 from rl.job.play import group_rewards, play_groups, to_rollout_batch
 from rl.job.remote_engine import RemoteEngine, build_worker
 from rl.job.sft import DemoSampler, demonstrations, warm_start
@@ -159,6 +160,21 @@ def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0, rank: int 
     )
 
 
+def set_player(parts: Parts, cfg: DictConfig, play_fn, labels, **params):
+    """`play_fn` (play_eval, play_samples) bound to everything but the tasks of a rank's shard of a set."""
+    return partial(
+        play_fn,
+        parts.engine,
+        parts.tokenizer,
+        parts.env,
+        step_fn=partial(step_episodes, timeout_s=cfg.env.step_timeout_s),
+        start_fn=start_episodes,
+        max_completion_tokens=cfg.rollout.max_completion_tokens,
+        labels=labels,
+        **params,
+    )
+
+
 def run_eval(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int) -> EvalResult:
     """Score `eval_set` greedily, sharded over the ranks; its outcomes go to RUN_DIR/evals/."""
     greedy = SamplingParams(
@@ -167,18 +183,16 @@ def run_eval(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step:
         max_tokens=cfg.rollout.max_tokens,
         stop=list(getattr(parts.env, "stop", ())) or None,
     )
-    play = partial(
-        play_eval,
-        parts.engine,
-        parts.tokenizer,
-        parts.env,
-        greedy_params=greedy,
-        step_fn=partial(step_episodes, timeout_s=cfg.env.step_timeout_s),
-        start_fn=start_episodes,
-        max_completion_tokens=cfg.rollout.max_completion_tokens,
-        labels=eval_set.labels,
-    )
+    play = set_player(parts, cfg, play_eval, eval_set.labels, greedy_params=greedy)
     return score_eval_set(play, eval_set, parts.dist, cfg.run_dir, stage, step)
+
+
+def run_pass_at_k(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int) -> PassAtK:
+    """pass@k of `eval_set` from eval.samples samples per task, drawn as GRPO groups are (one request with
+    n=K per task, at the rollout's sampling settings); the per-task counts go to RUN_DIR/evals/."""
+    params = replace(sampling_params(cfg, parts.env, step, rank=parts.dist.rank), n=cfg.eval.samples)
+    play = set_player(parts, cfg, play_samples, eval_set.labels, params=params)
+    return score_samples(play, eval_set, cfg.eval.samples, parts.dist, cfg.run_dir, stage, step)
 
 
 def eval_point(parts: Parts, cfg: DictConfig, stage: str, step: int, transfer: bool = False) -> EvalPoint:
@@ -443,6 +457,15 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
         if point.transfer is not None:
             print(f"transfer set greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
             print(point.transfer.table())
+    held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
+    for eval_set, greedy in [(held_out, point.result), (parts.transfer, point.transfer)]:
+        if cfg.eval.samples and greedy is not None:  # counts: RUN_DIR/evals/<set>_passk_<stage>_<step>
+            passk = run_pass_at_k(parts, cfg, eval_set, stage, step)
+            if dist.is_main:
+                print(
+                    f"{eval_set.name} pass@k from {cfg.eval.samples} samples per task at rollout.temperature="
+                    f"{cfg.rollout.temperature} ({cfg.checkpoint or 'base model'}):\n{passk.table(greedy)}"
+                )
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")

@@ -117,6 +117,13 @@ class SftConfig:
 
 
 @dataclass
+class EvalConfig:
+    """mode=eval's sampled scoring, beside its greedy accuracy."""
+
+    samples: int = 0  # K > 0: pass@k for k = 1, 2, 4 ... K from K samples per task at the rollout's settings
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -128,6 +135,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SftConfig = field(default_factory=SftConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     mode: Mode = Mode.train
     seed: int = 0
     num_steps: int = 30

@@ -75,6 +75,7 @@ RULES: tuple[Rule, ...] = (
     ("curriculum.prior_strength", at_least(0), "use a finite number >= 0"),
     ("curriculum.min_attempts", at_least(1), "use an integer >= 1"),
     ("logger.samples_every", at_least(1), "use an integer >= 1"),
+    ("eval.samples", at_least(0), "use an integer >= 0 (0: greedy accuracy alone; K: pass@k from K samples)"),
 )
 
 
@@ -90,6 +91,11 @@ def config_problems(cfg: DictConfig) -> list[str]:
         problems.append(
             f"algo.group_size={cfg.algo.group_size!r}: use at most rollout.max_num_seqs="
             f"{cfg.rollout.max_num_seqs} (the engine runs the samples of a group together), or raise that"
+        )
+    if cfg.eval.samples > cfg.rollout.max_num_seqs:
+        problems.append(
+            f"eval.samples={cfg.eval.samples!r}: use at most rollout.max_num_seqs={cfg.rollout.max_num_seqs} "
+            "(a task's samples are one request, run together), or raise that"
         )
     return problems
 

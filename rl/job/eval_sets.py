@@ -3,7 +3,8 @@
 The transfer set (``transfer=spider``) is the test split of a second task source, such as real questions
 on databases the env never generates, scored with the same env, prompt and greedy settings as the held-out
 set, so a run shows how what it learns carries over. Both are sampled the same way (`held_out_tasks`), sharded
-over the ranks, gathered, scored from their per-task outcomes, and written to the run directory by rank 0.
+over the ranks, gathered, scored from their per-task outcomes, and written to the run directory by rank 0;
+``mode=eval eval.samples=K`` also scores them by pass@k from K samples per task (`score_samples`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from envs.tasks import task_splits
 from rl.job import distributed as dp
 from rl.job.evaluate import EvalResult, score
 from rl.job.outcomes import TaskOutcome, mark_repeats, outcome_path, write_outcomes
+from rl.job.pass_at_k import PassAtK, TaskSamples, ks_up_to, passk_path, score_pass_at_k
 
 HELD_OUT = "held_out"
 TRANSFER = "transfer"
@@ -58,9 +60,33 @@ def score_eval_set(
 ) -> EvalResult:
     """Play this rank's shard of the set (`play`: tasks -> outcomes), gather the whole set's outcomes,
     and score them; rank 0 writes them to ``RUN_DIR/evals/<set>_<stage>_<step>.jsonl``."""
+    path = outcome_path(run_dir, eval_set.name, stage, step) if run_dir is not None else None
+    return score(_play_set(play, eval_set, dist, path), eval_set.labels)
+
+
+def score_samples(
+    play: Callable[[Sequence[dict[str, Any]]], list[TaskSamples]],
+    eval_set: EvalSet,
+    num_samples: int,
+    dist: dp.DistInfo,
+    run_dir: str | os.PathLike | None,
+    stage: str,
+    step: int,
+) -> PassAtK:
+    """pass@k of the set, for k = 1, 2, 4 ... `num_samples`, from `play` (tasks -> each task's sample
+    counts), sharded and gathered like `score_eval_set`; rank 0 writes the counts to
+    ``RUN_DIR/evals/<set>_passk_<stage>_<step>.jsonl``."""
+    path = passk_path(run_dir, eval_set.name, stage, step) if run_dir is not None else None
+    counts = _play_set(play, eval_set, dist, path)
+    return score_pass_at_k(counts, ks_up_to(num_samples), eval_set.labels)
+
+
+def _play_set(play: Callable, eval_set: EvalSet, dist: dp.DistInfo, path: os.PathLike | None) -> list:
+    """Every task's record (an outcome, or sample counts: what `play` returns), in the set's order, with
+    repeated tasks' keys numbered; rank 0 writes them to `path`."""
     local = play(dp.shard(list(eval_set.tasks), dist))
-    outcomes = dp.gather_shards(local, dist)
-    mark_repeats(outcomes)
-    if dist.is_main and run_dir is not None:
-        write_outcomes(outcome_path(run_dir, eval_set.name, stage, step), outcomes)
-    return score(outcomes, eval_set.labels)
+    records = dp.gather_shards(local, dist)
+    mark_repeats(records)
+    if dist.is_main and path is not None:
+        write_outcomes(path, records)
+    return records
