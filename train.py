@@ -42,6 +42,7 @@ from rl.job.curriculum import Curriculum
 from rl.job.data import TaskStream
 from rl.job.eval_sets import HELD_OUT, EvalSet, held_out_tasks, score_eval_set, score_samples, transfer_set
 from rl.job.evaluate import EvalResult, play_eval, succeeded
+from rl.job.export import export_checkpoint
 from rl.job.logger import RunLogger, SampleRow
 from rl.job.loop_metrics import (
     StepTimer,
@@ -117,7 +118,8 @@ def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwa
     return RemoteEngine(sync), sync
 
 
-def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
+def model_settings(cfg: DictConfig, dist: dp.DistInfo) -> tuple[dict, dict]:
+    """The arguments of `load_model` and of `add_lora`."""
     model_kwargs = dict(
         name=cfg.model.name.value,
         path=cfg.model.path,
@@ -132,6 +134,11 @@ def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts
         target_modules=cfg.lora.target_modules,
         use_rslora=cfg.lora.use_rslora,
     )
+    return model_kwargs, lora_kwargs
+
+
+def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
+    model_kwargs, lora_kwargs = model_settings(cfg, dist)
     model, tokenizer = load_model(**model_kwargs)
     model = add_lora(model, **lora_kwargs)
     train_model = dp.wrap_model(model, dist)
@@ -468,12 +475,18 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
                 )
 
 
+def export_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
+    """mode=export: the checkpoint's adapter merged into the base model, as a plain Hugging Face model."""
+    check_config(cfg)
+    export_checkpoint(cfg.checkpoint, cfg.export.dir, *model_settings(cfg, dist), dist.world_size)
+
+
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     torch.manual_seed(cfg.seed)
     try:
         with dp.distributed(cfg.model.device) as dist:
-            (train if cfg.mode.value == "train" else eval_only)(cfg, dist)
+            {"train": train, "eval": eval_only, "export": export_only}[cfg.mode.value](cfg, dist)
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

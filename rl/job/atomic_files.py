@@ -23,10 +23,13 @@ def owner() -> str:
     return f"{_host()}.{os.getpid()}"
 
 
-def remove_partial_saves(root: Path) -> None:
-    """Delete the temporary paths under `root` of saves whose process is gone (killed or crashed)."""
+def remove_partial_saves(root: Path, name: str | None = None) -> None:
+    """Delete the temporary paths under `root` of saves whose process is gone (killed or crashed); with
+    `name`, only those of saves to `root / name` (a directory shared with other files)."""
     for path in root.iterdir():
         match = PARTIAL.fullmatch(path.name)
+        if name is not None and not path.name.startswith((f".tmp-{name}.", f".old-{name}.")):
+            continue
         if match and match["host"] == _host() and not _process_alive(int(match["pid"])):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

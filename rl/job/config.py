@@ -30,7 +30,7 @@ from rl.sync.adapter import LoraConfig
 
 ModelName = choices("ModelName", MODEL_NAMES)
 DType = choices("DType", ("auto", *DTYPES))
-Mode = choices("Mode", ("train", "eval"))
+Mode = choices("Mode", ("train", "eval", "export"))
 Placement = choices("Placement", ("inprocess", "process"))
 Estimator = choices("Estimator", ESTIMATORS)
 AdvantageScale = choices("AdvantageScale", SCALES)
@@ -124,6 +124,13 @@ class EvalConfig:
 
 
 @dataclass
+class ExportConfig:
+    """mode=export: where the checkpoint's adapter, merged into the base model, is saved."""
+
+    dir: str | None = None  # a new (or empty) directory: a Hugging Face model that loads without peft
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -136,6 +143,7 @@ class TrainConfig:
     sft: SftConfig = field(default_factory=SftConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     mode: Mode = Mode.train
     seed: int = 0
     num_steps: int = 30
@@ -144,7 +152,7 @@ class TrainConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     resume: bool = False
-    checkpoint: str | None = None  # mode=eval: the checkpoint to score (None: the base model)
+    checkpoint: str | None = None  # mode=eval: the one to score (None: the base model); export: to merge
     run_dir: str = MISSING
 
 
