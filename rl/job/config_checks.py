@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rl.algo.losses import LOSS_RULES
+from rl.algo.losses import LOSS_RULES, combination_problems
 from rl.job.model_loading import resolve_device
 from rl.settings import ConfigError, Rule, at_least, fraction, number, optional, positive, rule_problems
 from rl.sync.adapter import PROJECTIONS, TARGET_SHORTHANDS, resolve_target_modules
@@ -82,6 +82,7 @@ RULES: tuple[Rule, ...] = (
 def config_problems(cfg: DictConfig) -> list[str]:
     """One line per key whose value is outside its range (RULES, and `rl.algo.losses.LOSS_RULES` for algo)."""
     problems = rule_problems(RULES, cfg) + rule_problems(LOSS_RULES, cfg.algo, prefix="algo.")
+    problems += combination_problems(cfg.algo, prefix="algo.")
     problems += [  # a value an option leaves to the user (a data root: env=spider, transfer=spider)
         f"{key}=???: this setting has no default; set it on the command line ({key}=...)"
         for key in _missing_keys(OmegaConf.to_container(cfg, resolve=False))

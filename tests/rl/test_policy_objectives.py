@@ -308,5 +308,5 @@ def test_algo_option_settings_are_checked(compose_train):
         compose_train("algo.policy_loss=ppo")
     with pytest.raises(ConfigError, match="algo.sapo_tau_neg=0"):
         check_config(compose_train("algo=sapo", "algo.sapo_tau_neg=0"))
-    with pytest.raises(ConfigError, match="dual_clip_c=3.0: dual-clip caps the loss of the PPO clip"):
-        OmegaConf.to_object(compose_train("algo=cispo", "algo.dual_clip_c=3.0").algo)
+    with pytest.raises(ConfigError, match="algo.dual_clip_c=3.0: dual-clip caps the loss of the PPO clip"):
+        check_config(compose_train("algo=cispo", "algo.dual_clip_c=3.0"))  # before the model loads
