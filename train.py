@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from envs import Env, EnvError, make_env, start_episodes, step_episodes
-from envs.tasks import task_splits
+from envs.tasks import call_task_source, task_splits
 from rl.algo.advantages import compute_advantages, filter_zero_std_groups
 from rl.algo.optim import build_lr_scheduler, build_optimizer
 from rl.algo.trainer import train_step
@@ -145,12 +145,12 @@ def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts
     engine, sync = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
     sync.push(lora_tensors(model), version=0)
     env = make_env(cfg.env.name, **cfg.env.args)
-    tasks = task_splits(hydra.utils.call(cfg.env.tasks), env, cfg.env.tasks.get("_target_"), cfg.seed)
+    tasks = task_splits(call_task_source(cfg.env.tasks), env, cfg.env.tasks.get("_target_"), cfg.seed)
     test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.env.eval_seed)
     t, transfer = cfg.transfer, None
     if t.tasks:  # transfer=...: a second held-out set, from another task source
         source = t.tasks.get("_target_")
-        transfer = transfer_set(hydra.utils.call(t.tasks), env, source, t.eval_tasks, t.eval_seed, t.labels)
+        transfer = transfer_set(call_task_source(t.tasks), env, source, t.eval_tasks, t.eval_seed, t.labels)
     return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist, transfer)
 
 

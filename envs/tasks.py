@@ -5,12 +5,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import hydra
 from datasets import Dataset, DatasetDict
+from hydra.errors import InstantiationException
 
 from envs.base import Env, EnvError
 
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
+
+
+def call_task_source(spec: Mapping[str, Any]) -> Any:
+    """What the task source ``spec`` (a ``_target_`` with its arguments, as in ``env.tasks``) returns.
+
+    A source that refuses its arguments (a dataset root that is not there, a bad split setting) or whose
+    target cannot be imported stops the run with the source's own message, named by its target; anything
+    else it raises is a bug in the source and keeps its traceback.
+    """
+    try:
+        return hydra.utils.call(spec)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, (ValueError, OSError, ImportError)):
+            raise EnvError(f"the task source {spec.get('_target_')}: {err.__cause__}") from None
+        raise
 
 
 def task_splits(tasks: Any, env: Env, source: str, seed: int) -> DatasetDict:

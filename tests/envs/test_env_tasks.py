@@ -5,7 +5,7 @@ from datasets import Dataset, DatasetDict
 
 from envs import EnvError
 from envs.sql import SqlEnv
-from envs.tasks import task_splits
+from envs.tasks import call_task_source, task_splits
 
 
 class AnyTaskEnv:
@@ -65,3 +65,19 @@ def test_a_row_the_env_cannot_play_is_named_at_load(staff_db):
     unsplit = Dataset.from_list([good, {**good, "question": None}, good])
     with pytest.raises(EnvError, match="task row 1 of the tasks from t: the task's 'question' is None"):
         task_splits(unsplit, SqlEnv(), "t", seed=0)
+
+
+def test_a_task_source_that_refuses_its_arguments_is_one_error_naming_it(tmp_path):
+    missing = tmp_path / "no_spider_here"
+    with pytest.raises(EnvError) as refused:
+        call_task_source({"_target_": "envs.sql.loaders.spider_tasks", "root": str(missing)})
+    message = str(refused.value)
+    assert message.startswith("the task source envs.sql.loaders.spider_tasks: ") and str(missing) in message
+    with pytest.raises(EnvError, match="the task source envs.sql.loaders.no_such_source: "):
+        call_task_source({"_target_": "envs.sql.loaders.no_such_source"})
+
+
+def test_a_bug_inside_a_task_source_keeps_its_traceback():
+    with pytest.raises(Exception) as raised:
+        call_task_source({"_target_": "builtins.divmod", "_args_": [1, 0]})
+    assert not isinstance(raised.value, EnvError) and isinstance(raised.value.__cause__, ZeroDivisionError)
