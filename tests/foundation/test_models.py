@@ -1,9 +1,17 @@
 import json
+import logging
 
 import pytest
 import torch
 
-from rl.job.model_loading import ModelLoadError, build_tiny_model, load_model, resolve_device, resolve_dtype
+from rl.job.model_loading import (
+    ModelLoadError,
+    build_tiny_model,
+    load_model,
+    native_bf16_flag,
+    resolve_device,
+    resolve_dtype,
+)
 
 
 def test_default_model_has_smollm2_shape(smollm2):
@@ -70,18 +78,62 @@ def test_tiny_model_does_not_disturb_global_rng():
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_load_tiny_uses_default_tokenizer_and_fp32_on_cpu():
-    model, tok = load_model("tiny_llama", seed=1)
+def test_load_tiny_uses_default_tokenizer_and_logs_the_dtype_it_chose(caplog):
+    """auto's choice on this machine's CPU, whichever it is, is the dtype of the weights and is logged; a
+    named dtype is taken as it is."""
+    expected = resolve_dtype("auto", torch.device("cpu"))
+    with caplog.at_level(logging.INFO, logger="rl.job.model_loading"):
+        model, tok = load_model("tiny_llama", seed=1)
     assert model.config.vocab_size == len(tok) == 49152
-    assert next(model.parameters()).dtype == torch.float32
+    assert next(model.parameters()).dtype == expected.dtype
+    assert f"dtype auto -> {str(expected.dtype).removeprefix('torch.')}: {expected.reason}" in caplog.text
     assert not model.training
+    forced = {name: load_model("tiny_llama", seed=1, dtype=name)[0] for name in ("float32", "bfloat16")}
+    assert {name: next(m.parameters()).dtype for name, m in forced.items()} == {
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+    }
 
 
-def test_dtype_auto_is_bf16_on_cuda_fp32_on_cpu():
-    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+def cpuinfo(*cpus: str) -> str:
+    """/proc/cpuinfo text in x86's format, one processor per string of flags."""
+    return "".join(f"processor\t: {n}\nflags\t\t: {flags}\n\n" for n, flags in enumerate(cpus))
+
+
+# Flags (shortened) of an AVX2 server, an AVX-512 Xeon without bf16, an AMD Zen 5 (avx512_bf16, no AMX), a
+# Sapphire Rapids Xeon (both), and an ARM server, whose /proc/cpuinfo lists "Features", not "flags"
+AVX2 = cpuinfo("fpu sse2 avx avx2 fma", "fpu sse2 avx avx2 fma")
+AVX512 = cpuinfo("fpu avx2 avx512f avx512bw avx512vl avx512_vnni") + "vmx flags\t: ept\n"
+ZEN5 = cpuinfo("fpu avx2 avx512f avx512_bf16 avx512_vnni", "fpu avx2 avx512f avx512_bf16 avx512_vnni")
+SAPPHIRE_RAPIDS = cpuinfo("avx512f amx_bf16 avx512_bf16 amx_tile amx_int8")
+AMX_ONLY = cpuinfo("avx512f amx_bf16 amx_tile")
+ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve bf16 i8mm\n"
+MIXED = cpuinfo("avx2 avx512_bf16", "avx2")
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, flag",
+    [(AVX2, None), (AVX512, None), (ZEN5, "avx512_bf16"), (SAPPHIRE_RAPIDS, "avx512_bf16"),
+     (AMX_ONLY, "amx_bf16"), (ARM, None), (MIXED, None), ("", None)],
+)  # fmt: skip
+def test_native_bf16_is_a_flag_every_cpu_lists(cpuinfo, flag):
+    assert native_bf16_flag(cpuinfo) == flag
+
+
+def test_dtype_auto_is_bf16_where_the_cpu_multiplies_it_natively_and_on_cuda():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu, ZEN5) == (torch.bfloat16, "the CPU has avx512_bf16")
+    assert resolve_dtype("auto", cpu, SAPPHIRE_RAPIDS) == (torch.bfloat16, "the CPU has avx512_bf16")
+    emulated = "the CPU has neither avx512_bf16 nor amx_bf16, so its bf16 products are emulated"
+    assert resolve_dtype("auto", cpu, AVX512) == (torch.float32, emulated)
+    assert resolve_dtype("auto", cpu, ARM) == (torch.float32, emulated)
+    forced = resolve_dtype("float32", cpu, ZEN5)
+    assert forced == (torch.float32, "set by model.dtype (the CPU has avx512_bf16)")
+    assert resolve_dtype("bfloat16", cpu, AVX2) == (torch.bfloat16, f"set by model.dtype ({emulated})")
+    assert resolve_dtype("auto", torch.device("cuda"), AVX2) == (torch.bfloat16, "a CUDA device")
+    assert resolve_dtype("float32", torch.device("cuda")).dtype == torch.float32
     with pytest.raises(ModelLoadError, match="unknown dtype 'int3'"):
-        resolve_dtype("int3", torch.device("cpu"))
+        resolve_dtype("int3", cpu)
 
 
 def test_hf_loader_reads_a_local_checkpoint(tmp_path, smollm2):

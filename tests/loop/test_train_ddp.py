@@ -172,7 +172,7 @@ def test_rank_zero_alone_logs_and_checkpoints_the_combined_metrics(ddp_run):
 
 def test_each_engine_samples_from_its_ranks_trained_weights(ddp_run, causal_lm_logprobs):
     run_dir, ranks, cfg = ddp_run
-    model, _ = load_model("tiny_llama", seed=cfg.model.seed)
+    model, _ = load_model("tiny_llama", seed=cfg.model.seed, dtype=cfg.model.dtype.value)
     model = add_lora(model, cfg.lora.rank, cfg.lora.alpha, target_modules=cfg.lora.target_modules).eval()
     for rank in ranks:
         for name, tensor in lora_tensors(model).items():

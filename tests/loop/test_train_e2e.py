@@ -110,6 +110,7 @@ VOWELS = [
 SMALL_SQL = "env.tasks.scale=0.05"
 TINY = [
     "model=tiny_llama",
+    "model.dtype=float32",  # on every CPU (auto is bf16 where the CPU multiplies it natively)
     "prompts_per_step=2",
     "algo.group_size=4",
     "rollout.max_tokens=10",

@@ -22,7 +22,7 @@ def sql_tasks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, tokenizer = load_model("tiny_llama", seed=3)
+    model, tokenizer = load_model("tiny_llama", seed=3, dtype="float32")
     return add_lora(model, rank=4, alpha=8.0, target_modules="all"), tokenizer
 
 

@@ -13,7 +13,7 @@ from rl.sync.adapter import add_lora
 
 @pytest.mark.slow
 def test_first_step_on_smollm2():
-    model, _ = load_model("smollm2_135m")
+    model, _ = load_model("smollm2_135m", dtype="float32")
     model = add_lora(model, rank=8, alpha=16)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 49152, (12,), generator=gen).tolist() for _ in range(4)]

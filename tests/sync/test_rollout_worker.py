@@ -8,7 +8,7 @@ from rl.sync.adapter import add_lora, lora_tensors
 from rl.sync.transport import DistributedSync
 from rollout_engine import SamplingParams
 
-MODEL = dict(name="tiny_llama", seed=3)
+MODEL = dict(name="tiny_llama", seed=3, dtype="float32")
 LORA = dict(rank=4, alpha=8.0, target_modules="all")
 ENGINE = dict(
     block_size=4, memory_budget_bytes=2**26, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=128
