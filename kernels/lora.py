@@ -12,10 +12,12 @@ per op, so one matmul shrinks for the whole group, the mask multiplies the small
 one in-place addmm with no [num_tokens, out] temporary.
 
 Both accumulate in fp32; h is stored in x's dtype, and y gets one rounding of y + delta, so the delta is never
-materialised as a [num_tokens, out] tensor on the Triton path. The mask is the per-token 0/1 choice of a batch
-that mixes requests with and without the adapter. When a few token tiles would leave most SMs idle (decode),
-shrink also splits the input features over programs and sums their fp32 partials in a second kernel, in a
-fixed order, so results do not change from run to run.
+materialised as a [num_tokens, out] tensor on the Triton path. x is in the adapter's dtype, y may be in
+another: peft keeps a bf16 model's adapter in fp32 and computes the delta there (the engine casts x to it
+first), and y, the bf16 base product, then takes the fp32 delta with one rounding. The mask is the per-token
+0/1 choice of a batch that mixes requests with and without the adapter. When a few token tiles would leave
+most SMs idle (decode), shrink also splits the input features over programs and sums their fp32 partials in
+a second kernel, in a fixed order, so results do not change from run to run.
 
 One adapter per call. Serving several adapters in one batch (punica / S-LoRA style batched LoRA) would add a
 per-token `adapter_indices` [num_tokens] argument after the weights, stack A as [num_adapters, r, in] and B as
@@ -118,13 +120,18 @@ def lora_shrink_expand_cpu(
     x: torch.Tensor, weights: StackedLora, ys: Sequence[torch.Tensor], mask: torch.Tensor | None
 ) -> None:
     """CPU launcher of lora_shrink_expand, MKL on the transposed copies: h = (x A^T) * mask once, then
-    ys[i] += h_i (scale B_i^T) in place."""
+    ys[i] += h_i (scale B_i^T) in place (through an [num_tokens, out] temporary where y's dtype is not the
+    adapter's)."""
     h = torch.mm(x, weights.a_t)  # [num_tokens, num * r]
     if mask is not None:
         h.mul_(mask)
     rank = weights.rank
     for i, (y, b_t) in enumerate(zip(ys, weights.b_t, strict=True)):
-        y.addmm_(h[:, i * rank : (i + 1) * rank], b_t)
+        h_i = h[:, i * rank : (i + 1) * rank]
+        if y.dtype == h.dtype:
+            y.addmm_(h_i, b_t)
+        else:  # addmm_ takes one dtype: the delta in the adapter's, added with one rounding to y's
+            y.add_(torch.mm(h_i, b_t))
 
 
 def lora_shrink_expand_triton(
@@ -207,10 +214,10 @@ def _check_shrink_expand(
             f"contiguous rows per B [out, r] {[tuple(b.shape) for b in weights.b]}; got x {tuple(x.shape)} "
             f"and y {[tuple(y.shape) for y in ys]} (strides {[y.stride() for y in ys]})"
         )
-    if x.dtype != a.dtype or x.device != a.device or any(y.dtype != a.dtype for y in ys):
+    if x.dtype != a.dtype or x.device != a.device or not all(y.is_floating_point() for y in ys):
         raise ValueError(
-            f"lora_shrink_expand needs x and every y in the adapter's dtype on its device, {a.dtype} on "
-            f"{a.device}; got x {x.dtype} on {x.device} and y {[y.dtype for y in ys]}"
+            f"lora_shrink_expand needs x in the adapter's dtype on its device, {a.dtype} on {a.device}, and "
+            f"floating y; got x {x.dtype} on {x.device} and y {[y.dtype for y in ys]}"
         )
     if mask is not None and (mask.shape != (num_tokens, 1) or mask.device != a.device):
         raise ValueError(

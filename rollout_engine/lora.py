@@ -131,5 +131,8 @@ def add_lora_delta(
 ) -> None:
     """ys[p] += scale * (x A^T) B^T in place for each projection p of the group, on the tokens whose request
     uses the adapter (token_mask [num_tokens, 1], None for all); ys holds the outputs of every projection
-    given to groups_for. One shrink serves the group; the [num_tokens, out] delta is never materialised."""
+    given to groups_for. One shrink serves the group; the [num_tokens, out] delta is never materialised where
+    y is in the adapter's dtype. As peft does, x is cast to the adapter's dtype (fp32 for a bf16 model) and
+    the delta is added to y with one rounding."""
+    x = x.to(group.weights.a.dtype)
     lora_shrink_expand(x, group.weights, [ys[p] for p in group.positions], token_mask)

@@ -113,6 +113,27 @@ def test_shrink_expand_gives_each_projection_its_own_delta(
             assert torch.equal(y[off], y_before[off])
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch", "triton"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_bf16_output_takes_the_fp32_adapters_delta_with_one_rounding(backend, masked, gen, request):
+    """A bf16 model's adapter stays fp32 (peft's default), so x comes in fp32 and each bf16 y gets
+    y + delta rounded once: one bf16 step (2^-7 of the value) from the float64 formula at most."""
+    x, a_list, b_list = stacked_inputs(9, 64, (48, 32), 8, gen)
+    weights = StackedLora(torch.cat(a_list), tuple(b_list), SCALE)
+    mask = mixed_mask(9, gen).bfloat16() if masked else None
+    ys_before = [torch.randn(9, out, generator=gen).bfloat16() for out in (48, 32)]
+    ys = [y.clone() for y in ys_before]
+    with run_backend(backend, request):
+        lora_shrink_expand(x, weights, ys, mask)
+    for y, y_before, a, b in zip(ys, ys_before, a_list, b_list, strict=True):
+        assert y.dtype == torch.bfloat16
+        want = y_before.double() + formula(x, a, b, SCALE, mask)
+        torch.testing.assert_close(y.double(), want, atol=1e-3, rtol=2**-7)
+        if masked:
+            off = mask[:, 0] == 0
+            assert torch.equal(y[off], y_before[off])
+
+
 def test_auto_runs_cpu_tensors_on_the_transposed_copies(gen, monkeypatch):
     """On the CPU, "auto" multiplies a_t and b_t (scale folded in), not the reference or Triton."""
     monkeypatch.setattr(kernels.lora, "lora_shrink_expand_torch", None)  # calling either would raise
