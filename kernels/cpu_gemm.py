@@ -35,8 +35,16 @@ times faster packed; the engine's generation, 1.37x at 16 sequences, 1.2x at 64,
 Other CPUs (AVX2 AMD EPYC) run MKL's own code for them, with the same results; the threshold was not
 measured there.
 
-Everything else is exactly F.linear: CUDA tensors, other dtypes, weights made under inference_mode,
-torch without MKL's packing calls, autograd, and the "torch" kernel backend.
+bf16 weights (model.dtype=bfloat16, or auto on a CPU with native bf16) take the same route with another pack:
+a contiguous bf16 copy of the stack (each part plus its update, summed in fp32 and rounded once), multiplied
+with fp32 accumulation and one rounding of the output to bf16, as F.linear does. The product is switchable,
+to be measured on a CPU that multiplies bf16 natively: "torch" (the default) is F.linear on the copy, which
+torch hands to oneDNN on AVX-512 CPUs; "mkl" is MKL's cblas_gemm_bf16bf16f32, the one bf16 GEMM the MKL
+in torch's CPU library exports (without the pack calls of the fp32 one, so MKL copies the weight into its
+layout on every call). `set_bf16_gemm(name)`, or PAGEDRL_BF16_GEMM=torch|mkl before the import.
+
+Everything else is exactly F.linear: CUDA tensors, other dtypes (fp16, fp64), weights made under
+inference_mode, fp32 on torch without MKL's packing calls, autograd, and the "torch" kernel backend.
 
 `packed_stacked_linear` multiplies x by several weights of one input at once (q/k/v, gate/up), stacked by
 rows into one pack, each part optionally plus a low-rank update W + L R (a LoRA adapter merged into its base
@@ -50,6 +58,7 @@ says its factors changed (a new `version`), and freed when any part's weight or 
 from __future__ import annotations
 
 import ctypes
+import os
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,8 +91,53 @@ def _mkl_calls() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr] 
     return get_size, pack, compute
 
 
+def _mkl_bf16_gemm() -> ctypes._CFuncPtr | None:
+    """cblas_gemm_bf16bf16f32 of the MKL in torch's CPU library (bf16 A and B, fp32 C), or None."""
+    if not torch._C.has_mkl:
+        return None
+    try:
+        library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        gemm = library.cblas_gemm_bf16bf16f32
+    except (OSError, AttributeError):
+        return None
+    i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    gemm.restype, gemm.argtypes = None, [i] * 6 + [f, p, i, p, i, f, p, i]
+    return gemm
+
+
 _MKL = _mkl_calls()
 HAS_MKL_PACKING = _MKL is not None
+_MKL_BF16_GEMM = _mkl_bf16_gemm()
+BF16_GEMMS = ("torch", "mkl")
+
+
+def _checked_bf16_gemm(name: str, source: str) -> str:
+    if name not in BF16_GEMMS:
+        raise ValueError(
+            f"{source}={name!r} is not a bf16 CPU product; choose one of {', '.join(BF16_GEMMS)}"
+        )
+    if name == "mkl" and _MKL_BF16_GEMM is None:
+        raise ValueError(
+            f"{source}=mkl, but this torch's CPU library has no MKL cblas_gemm_bf16bf16f32; use torch"
+        )
+    return name
+
+
+_bf16_gemm = _checked_bf16_gemm(os.environ.get("PAGEDRL_BF16_GEMM", "torch"), "PAGEDRL_BF16_GEMM")
+
+
+def set_bf16_gemm(name: str) -> None:
+    """Multiply bf16 packs with "torch" (F.linear: oneDNN where torch uses it) or "mkl"
+    (cblas_gemm_bf16bf16f32)."""
+    global _bf16_gemm
+    _bf16_gemm = _checked_bf16_gemm(name, "bf16_gemm")
+
+
+def get_bf16_gemm() -> str:
+    """The bf16 product in force."""
+    return _bf16_gemm
+
+
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162  # MKL's CBLAS constants
 MIN_PACKED_ROWS = 4
 _PACK_ROWS_HINT = 64  # the row count MKL is told to expect; any count uses the same pack
@@ -113,7 +167,7 @@ class PackPart(NamedTuple):
 class _Pack(NamedTuple):
     refs: tuple[weakref.ref, ...]  # each part's weight, then its update's owner if any
     stamps: tuple[tuple[int, int, int], ...]  # each part's weight version and data_ptr, and update version
-    packed: torch.Tensor  # the buffer MKL packed into (uint8)
+    packed: torch.Tensor  # fp32: the buffer MKL packed into (uint8); bf16: the stacked weights [out, in]
     num_bytes: int  # what the pack holds in memory: its weights' size
 
 
@@ -131,16 +185,26 @@ def _stamps(parts: Sequence[PackPart]) -> tuple[tuple[int, int, int], ...]:
     return tuple((w._version, w.data_ptr(), 0 if u is None else u.version) for w, _, u in parts)
 
 
+def _packs_dtype(dtype: torch.dtype) -> bool:
+    """Whether weights of this dtype multiply through a pack: under the "auto" kernel backend, fp32 where
+    MKL's packing calls are there, and bf16."""
+    if get_backend() != "auto":
+        return False
+    return (dtype == torch.float32 and HAS_MKL_PACKING) or dtype == torch.bfloat16
+
+
 def _packable(weight: torch.Tensor) -> bool:
-    """A contiguous fp32 CPU matrix whose writes can be seen (an inference tensor has no version counter)."""
-    cpu_matrix = weight.is_cpu and weight.dtype == torch.float32 and weight.dim() == 2
+    """A contiguous CPU matrix of a dtype that packs, whose writes can be seen (an inference tensor has no
+    version counter)."""
+    cpu_matrix = weight.is_cpu and _packs_dtype(weight.dtype) and weight.dim() == 2
     return cpu_matrix and weight.is_contiguous() and not weight.is_inference()
 
 
 def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     """The pack of the parts' weights (each plus its update) stacked by rows, rebuilt in place when a weight
     was written in place or its data replaced, or an update's version moved; None where a weight cannot be
-    packed (not a contiguous fp32 CPU matrix) or its writes cannot be seen (an inference tensor)."""
+    packed (not a contiguous CPU matrix of a dtype that packs, or not of the first one's dtype) or its writes
+    cannot be seen (an inference tensor)."""
     owners, key = [], []
     for weight, _, update in parts:
         owners.append(weight)
@@ -155,60 +219,71 @@ def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
     if same_owners and pack.stamps == _stamps(parts):  # the decode path: a pack that is still current
         return pack.packed
     weights = [part.weight for part in parts]
-    if not all(map(_packable, weights)):
+    if not all(map(_packable, weights)) or len({w.dtype for w in weights}) > 1:
         _packs.pop(key, None)  # a stale pack of these weights' old data
         return None
     stamps = _stamps(parts)  # only now: an inference tensor, declined above, has no version to read
     out_features, in_features = sum(w.shape[0] for w in weights), weights[0].shape[1]
-    get_size, pack_into, _ = _MKL
-    size = get_size(_B_MATRIX, _PACK_ROWS_HINT, out_features, in_features)
-    if same_owners and pack.packed.numel() == size:  # new values, same shapes: the buffer takes the new pack
+    dtype = weights[0].dtype
+    if dtype == torch.float32:  # MKL's packed layout, in bytes
+        shape, buffer_dtype = (_MKL[0](_B_MATRIX, _PACK_ROWS_HINT, out_features, in_features),), torch.uint8
+    else:
+        shape, buffer_dtype = (out_features, in_features), dtype
+    if same_owners and pack.packed.shape == shape:  # new values, same shapes: the buffer takes the new pack
         buffer, refs = pack.packed, pack.refs
     else:
         _packs.pop(key, None)
-        buffer = torch.empty(size, dtype=torch.uint8)
+        buffer = torch.empty(shape, dtype=buffer_dtype)
         refs = tuple(weakref.ref(owner, lambda _: _forget(key)) for owner in owners)
     with torch.no_grad():
-        sources = [w if u is None else torch.addmm(w, u.left, u.right) for w, _, u in parts]
-        source = sources[0] if len(sources) == 1 else torch.cat(sources)
-        pack_into(
-            _ROW_MAJOR,
-            _B_MATRIX,
-            _TRANS,
-            _PACK_ROWS_HINT,
-            out_features,
-            in_features,
-            1.0,
-            source.data_ptr(),
-            in_features,
-            buffer.data_ptr(),
-        )
+        if buffer.dtype == torch.uint8:
+            _pack_fp32(parts, buffer, out_features, in_features)
+        else:
+            stacked_rows = buffer.split([w.shape[0] for w in weights])
+            for (weight, _, update), rows in zip(parts, stacked_rows, strict=True):
+                # an update is added in fp32 and the sum rounded once to the weights' dtype
+                if update is None:
+                    rows.copy_(weight)
+                else:
+                    rows.copy_(torch.addmm(weight.float(), update.left.float(), update.right.float()))
     _packs[key] = _Pack(refs, stamps, buffer, sum(w.nbytes for w in weights))
     return buffer
 
 
-def _packing_on() -> bool:
-    """MKL's packing calls are there and the "auto" kernel backend is in force."""
-    return HAS_MKL_PACKING and get_backend() == "auto"
+def _pack_fp32(parts: Sequence[PackPart], buffer: torch.Tensor, out_features: int, in_features: int) -> None:
+    """MKL's pack of the fp32 parts' weights (each plus its update) stacked by rows, into `buffer`."""
+    sources = [w if u is None else torch.addmm(w, u.left, u.right) for w, _, u in parts]
+    source = sources[0] if len(sources) == 1 else torch.cat(sources)
+    _MKL[1](
+        _ROW_MAJOR,
+        _B_MATRIX,
+        _TRANS,
+        _PACK_ROWS_HINT,
+        out_features,
+        in_features,
+        1.0,
+        source.data_ptr(),
+        in_features,
+        buffer.data_ptr(),
+    )
 
 
 def _takes_packed(x: torch.Tensor, parts: Sequence[PackPart]) -> bool:
-    """Whether x and the parts fit the packed product: at least MIN_PACKED_ROWS rows of fp32 CPU tensors of
-    the weights' shapes (F.linear names a mismatch), no autograd, and the "auto" backend."""
+    """Whether x and the parts fit the packed product: at least MIN_PACKED_ROWS rows of CPU tensors of the
+    weights' shapes (F.linear names a mismatch) and of one dtype that packs, no autograd, and the "auto"
+    backend."""
     num_rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    if num_rows < MIN_PACKED_ROWS or not _packing_on():
-        return False
-    if not (x.is_cpu and x.dtype == torch.float32):
+    if num_rows < MIN_PACKED_ROWS or not (x.is_cpu and _packs_dtype(x.dtype)):
         return False
     grad = torch.is_grad_enabled()
     if grad and x.requires_grad:
         return False
     for weight, bias, _ in parts:
-        if x.shape[-1] != weight.shape[-1] or (grad and weight.requires_grad):
+        if x.shape[-1] != weight.shape[-1] or weight.dtype != x.dtype or (grad and weight.requires_grad):
             return False
         if bias is None:
             continue
-        bias_fits = bias.is_cpu and bias.dtype == torch.float32 and bias.shape == weight.shape[:1]
+        bias_fits = bias.is_cpu and bias.dtype == x.dtype and bias.shape == weight.shape[:1]
         if not bias_fits or (grad and bias.requires_grad):
             return False
     return True
@@ -235,32 +310,36 @@ def packed_stacked_linear(x: torch.Tensor, parts: Sequence[PackPart]) -> torch.T
     rows = x.reshape(-1, in_features)
     if rows.stride(1) != 1 or rows.stride(0) < in_features:
         rows = rows.contiguous()
+    bias = _stacked_bias(parts)
+    if packed.dtype == torch.bfloat16 and _bf16_gemm == "torch":
+        return F.linear(rows, packed, bias).view(*x.shape[:-1], out_features)
+    y = _mkl_product(rows, packed, bias, out_features, in_features)
+    return y.view(*x.shape[:-1], out_features).to(x.dtype)
+
+
+def _mkl_product(
+    rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int, in_features: int
+) -> torch.Tensor:
+    """rows [num_rows, in] times a pack, plus bias, by MKL into fp32 [num_rows, out]: cblas_sgemm_compute for
+    an fp32 pack, cblas_gemm_bf16bf16f32 for a bf16 one."""
     num_rows = rows.shape[0]
     y = torch.empty(num_rows, out_features, dtype=torch.float32)
-    bias = _stacked_bias(parts)
     if bias is not None:
         y.copy_(bias.expand(num_rows, out_features))
-    _MKL[2](
-        _ROW_MAJOR,
-        _NO_TRANS,
-        _PACKED,
-        num_rows,
-        out_features,
-        in_features,
-        rows.data_ptr(),
-        rows.stride(0),
-        packed.data_ptr(),
-        in_features,
-        1.0 if bias is not None else 0.0,
-        y.data_ptr(),
-        out_features,
-    )
-    return y.view(*x.shape[:-1], out_features)
+    beta = 1.0 if bias is not None else 0.0
+    m, n, k, a, lda = num_rows, out_features, in_features, rows.data_ptr(), rows.stride(0)
+    if packed.dtype == torch.uint8:
+        _MKL[2](_ROW_MAJOR, _NO_TRANS, _PACKED, m, n, k, a, lda, packed.data_ptr(), k, beta, y.data_ptr(), n)
+    else:
+        _MKL_BF16_GEMM(
+            _ROW_MAJOR, _NO_TRANS, _TRANS, m, n, k, 1.0, a, lda, packed.data_ptr(), k, beta, y.data_ptr(), n
+        )
+    return y
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), through the weight's cached MKL pack on fp32 CPU tensors from
-    MIN_PACKED_ROWS rows up."""
+    """F.linear(x, weight, bias), through the weight's cached pack on fp32 (MKL-packed) and bf16 CPU tensors
+    from MIN_PACKED_ROWS rows up."""
     y = packed_stacked_linear(x, (PackPart(weight, bias),))
     return F.linear(x, weight, bias) if y is None else y
 
@@ -268,7 +347,7 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def pack_bytes(weights: Sequence[torch.Tensor]) -> int:
     """What the packs of these weights will hold in memory once multiplied at MIN_PACKED_ROWS rows or more
     (their size, once each): 0 for weights that stay with F.linear."""
-    return sum(w.nbytes for w in weights if _packable(w)) if _packing_on() else 0
+    return sum(w.nbytes for w in weights if _packable(w))
 
 
 def packed_weight_bytes() -> int:

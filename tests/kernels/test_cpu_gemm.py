@@ -1,6 +1,6 @@
 """packed_linear against F.linear: the MKL-packed product on fp32 CPU tensors for any row count, a pack
 rebuilt when its weight is written in place or its data replaced and freed with its weight, and F.linear
-itself for everything the pack does not cover (few rows, other dtypes, inference tensors, autograd, the
+itself for everything the pack does not cover (few rows, fp16 and fp64, inference tensors, autograd, the
 torch backend, bad shapes); packed_stacked_linear against F.linear of each part's weight, plus its
 low-rank update W + L R, side by side: one pack of the stack, rebuilt when any part's weight or update
 changes and freed with any of them."""
@@ -144,8 +144,8 @@ def test_a_freed_weight_frees_its_pack(gen):
     assert packed_weight_bytes() == before
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
-def test_other_dtypes_fall_back_to_f_linear(dtype, gen):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_other_dtypes_fall_back_to_f_linear(dtype, gen):  # bf16 has packs of its own: test_cpu_gemm_bf16.py
     weight = frozen_weight(48, 32, gen).to(dtype)
     x = torch.randn(16, 32, generator=gen).to(dtype)
     before = packed_weight_bytes()
