@@ -110,10 +110,13 @@ PTR, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_flo
 
 
 class CpuKernel:
-    """One C function of kernels/cpu/<library>.c, with its argument types (PTR, I64, I32, F32 ...)."""
+    """One C function of kernels/cpu/<library>.c, with its argument types (PTR, I64, I32, F32 ...) and the
+    dtype of the tensors it reads (fp32 unless named)."""
 
-    def __init__(self, library: str, symbol: str, *argtypes: type) -> None:
-        self.library, self.symbol, self.argtypes = library, symbol, list(argtypes)
+    def __init__(
+        self, library: str, symbol: str, *argtypes: type, dtype: torch.dtype = torch.float32
+    ) -> None:
+        self.library, self.symbol, self.argtypes, self.dtype = library, symbol, list(argtypes), dtype
 
     @functools.cached_property
     def _function(self) -> ctypes._CFuncPtr | None:
@@ -125,11 +128,11 @@ class CpuKernel:
         return function
 
     def available(self, *tensors: torch.Tensor | None) -> bool:
-        """Whether it runs for these tensors (None ones aside): the "auto" kernel backend, fp32 CPU tensors,
-        and a library that could be built here."""
+        """Whether it runs for these tensors (None ones aside): the "auto" kernel backend, CPU tensors of its
+        dtype, and a library that could be built here."""
         return (
             get_backend() == "auto"
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors if t is not None)
+            and all(t.device.type == "cpu" and t.dtype == self.dtype for t in tensors if t is not None)
             and self._function is not None
         )
 

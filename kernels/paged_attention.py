@@ -2,8 +2,9 @@
 queries per sequence attending to its cached prefix and causally within the chunk).
 
 paged_attention_decode and paged_attention_prefill are the entry points, and the only places that choose an
-implementation (under the kernel backend, kernels.backend): the Triton kernel for CUDA tensors; for decode on
-fp32 CPU tensors the C kernel (paged_decode_cpu.py) where it could be built; else the PyTorch reference."""
+implementation (under the kernel backend, kernels.backend): the Triton kernel for CUDA tensors; for decode
+over an fp32 or bf16 CPU cache the C kernel (paged_decode_cpu.py) where it could be built; else the PyTorch
+reference."""
 
 from itertools import accumulate
 from typing import NamedTuple

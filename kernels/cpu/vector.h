@@ -89,6 +89,16 @@ static inline vf loadv(const float *p) {
     return v;
 }
 
+typedef uint16_t vh __attribute__((vector_size(2 * VLEN)));
+typedef uint32_t vu __attribute__((vector_size(4 * VLEN)));
+
+/* VLEN bf16 values as floats: a bf16 is the upper half of the float it stands for, so widening is exact. */
+static inline vf load_bf16(const uint16_t *p) {
+    vh h;
+    memcpy(&h, p, sizeof h);
+    return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+
 /* v where `mask` lanes are set (all bits), else `other`. */
 static inline vf blend(vi mask, vf v, vf other) { return (vf)(((vi)v & mask) | ((vi)other & ~mask)); }
 

@@ -126,6 +126,27 @@ def test_c_decode_kernel_shapes(block_size, head_dim, group, gen, poison_allocat
     torch.testing.assert_close(out, decode_expected(q, keys, values, group, 0.3), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("block_size", "head_dim", "group"), [(16, 64, 3), (8, 16, 1), (48, 48, 7), (16, 176, 3)]
+)
+def test_c_decode_kernel_over_a_bf16_cache(block_size, head_dim, group, gen, poison_allocations):
+    """A bf16 cache, read in place and widened to fp32: the C kernel ("auto") and the reference ("torch") both
+    give HF's fp32 attention over the cached bf16 values, rounded once to bf16 (one rounding is at most 2^-9
+    of the value, so 4e-3 relative); a misread value would be off by the values' own size."""
+    lens = [1, 15, 17, block_size * 3 + 1, 130]
+    k_cache, v_cache, tables, context_lens, keys, values = build_cache(
+        lens, block_size, head_dim, gen, torch.bfloat16
+    )
+    q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, generator=gen).bfloat16()
+    assert cpu_decode_supported(k_cache, q.shape[1])
+    expected = decode_expected(q, keys, values, group, 0.3)
+    for backend in ("auto", "torch"):
+        with use_backend(backend):
+            out = paged_attention_decode(q, k_cache, v_cache, tables, context_lens, 0.3)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), expected, atol=1e-3, rtol=4e-3)
+
+
 def build_forked_cache(prefix_lens, samples, block_size, head_dim, gen):
     """Sequences forked from prompts, as the engine lays them out: samples[i] lists, for each sample of prompt
     i, how many of the prompt's full blocks it shares and how many tokens of its own follow the prompt. The
