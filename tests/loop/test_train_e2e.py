@@ -190,6 +190,18 @@ def test_after_sync_the_engine_samples_from_the_trainers_weights(three_steps, ca
     assert not torch.allclose(base, expected, atol=1e-4)  # the adapter matters, so the check above can fail
 
 
+def test_a_bf16_run_trains_an_fp32_adapter_and_logs_the_sampler_mismatch(train_module, tmp_path):
+    result = run(train_module, tmp_path, "num_steps=2", "model.dtype=bfloat16", *VOWELS)
+    model, engine = result.parts.model, result.parts.engine
+    assert engine.runner.kv_pool.dtype == torch.bfloat16
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    assert {t.dtype for t in lora_tensors(model).values()} == {torch.float32}
+    assert sum(t.abs().sum().item() for n, t in lora_tensors(model).items() if n.endswith("lora_B")) > 0
+    for record in result.history:
+        assert 0.0 < record["sampling/logp_difference/mean"] <= record["sampling/logp_difference/max"] < 1.0
+        assert 0.0 < record["sampling/importance_ratio/mean"] < 3.0
+
+
 @pytest.mark.usefixtures("fixed_cpu_threads")
 def test_resume_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_path):
     straight = run(train_module, tmp_path / "a", "num_steps=4", *VOWELS)
