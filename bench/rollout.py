@@ -13,6 +13,8 @@ line.
     python bench/rollout.py --lora --num-prompts 4 --group-size 8 --max-tokens 25 --prompt-tokens 220
                                                   # the training job's rollout shape, with its LoRA adapter
     python bench/rollout.py --busy-neighbour      # also: the engine quiet vs beside a CPU-bound process
+    python bench/rollout.py --dtype bfloat16 --bf16-gemm mkl   # bf16 (auto picks it on a CPU with native
+                                                  # bf16), multiplied by MKL instead of torch's F.linear
     PAGEDRL_ADAPTIVE_THREADS=0 python bench/rollout.py --busy-neighbour   # the same, threads fixed
 
 --lora wraps the model in a rank-16 peft adapter on all 7 projections with random non-zero B (peft starts B at
@@ -21,6 +23,10 @@ requests), each to exactly max_tokens from an empty prefix cache, best of --repe
 with a weight sync (`set_lora_version`, the job's in-place sync), so its time includes re-merging the adapter
 into the packed weights. The LoRA share of engine time is 1 - t_base / t_lora, from wall time and from
 process CPU time (robust to a busy machine at --threads 1).
+
+--dtype is model.dtype (auto: bf16 on CUDA and on a CPU with avx512_bf16 or amx_bf16, fp32 elsewhere); the
+engine and transformers run in it. --bf16-gemm picks the product of the engine's bf16 CPU projections
+(kernels/cpu_gemm.py).
 
 With --random-weights the model is a seeded random SmolLM2-shaped Llama and the prompts are random token ids
 of the chat prompts' lengths; no EOS exists, so both sides generate exactly max_tokens per sample (the same
@@ -41,7 +47,8 @@ from matmul_floor import matmul_floor_s, step_shapes
 from neighbour import busy_neighbour
 from transformers import AutoModelForCausalLM
 
-from rl.job.model_loading import load_model
+from kernels.cpu_gemm import BF16_GEMMS, set_bf16_gemm
+from rl.job.model_loading import DTYPES, load_model, resolve_device, resolve_dtype
 from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import LLMEngine, SamplingParams
 
@@ -79,13 +86,16 @@ def chat_prompts(tokenizer, num_prompts: int) -> list[list[int]]:
     ]
 
 
-def random_model_and_prompts(num_prompts: int, seed: int) -> tuple[torch.nn.Module, list[list[int]]]:
-    """A seeded random SmolLM2-shaped model, and random prompts as long as the chat prompts would be."""
+def random_model_and_prompts(
+    num_prompts: int, seed: int, dtype: str
+) -> tuple[torch.nn.Module, list[list[int]]]:
+    """A seeded random SmolLM2-shaped model in `dtype` (a model.dtype value), and random prompts as long as
+    the chat prompts would be."""
     torch.manual_seed(seed)
     config = SHAPES["smollm2_135m"]()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
+    device = resolve_device()
+    torch_dtype = resolve_dtype(dtype, device).dtype
+    model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=torch_dtype).eval()
     lengths = [30 + len(TASKS[i % len(TASKS)]) // 4 for i in range(num_prompts)]  # template + ~4 chars/token
     gen = torch.Generator().manual_seed(seed)
     return model, [torch.randint(1, config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
@@ -249,6 +259,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype", choices=["auto", *DTYPES], default="auto", help="model.dtype of our engine (and its model)"
+    )
+    parser.add_argument(
+        "--bf16-gemm", choices=BF16_GEMMS, default="torch", help="the product of bf16 CPU projections"
+    )
 
 
 def main() -> None:
@@ -265,11 +281,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best-of runs of each --lora arm")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    set_bf16_gemm(args.bf16_gemm)
     if args.random_weights:
-        model, prompts = random_model_and_prompts(args.num_prompts, args.seed)
+        model, prompts = random_model_and_prompts(args.num_prompts, args.seed, args.dtype)
         tokenizer, eos, stop = None, None, []
     else:
-        model, tokenizer = load_model("smollm2_135m")
+        model, tokenizer = load_model("smollm2_135m", dtype=args.dtype)
         prompts, eos, stop = chat_prompts(tokenizer, args.num_prompts), tokenizer.eos_token_id, None
     if args.prompt_tokens:
         prompts = pad_prompts(prompts, args.prompt_tokens, model.config.vocab_size, args.seed)
@@ -324,6 +341,8 @@ def main() -> None:
         "load_avg_1min": load,
         "load_avg_1min_end": os.getloadavg()[0],
         "device": str(weight.device),
+        "dtype": str(weight.dtype).removeprefix("torch."),
+        "bf16_gemm": args.bf16_gemm,
         "weights": "random" if args.random_weights else "smollm2_135m",
         "lora": args.lora,
         "prompt_tokens": args.prompt_tokens,
@@ -356,7 +375,10 @@ def main() -> None:
         f"{figures['decode_step_roofline_share']:.0%} of roofline"
     )
     end_load = figures["load_avg_1min_end"]
-    print(f"threads {args.threads}, load average {load:.2f} at start, {end_load:.2f} at end")
+    print(
+        f"{figures['dtype']} (bf16 product: {args.bf16_gemm}), threads {args.threads}, load average "
+        f"{load:.2f} at start, {end_load:.2f} at end"
+    )
     if args.lora:
         figures.update(lora_share(engine, prompts, args))
         print(

