@@ -4,13 +4,13 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import HAS_TRITON, check_triton_device, use_triton
-from kernels.cpu_library import I32, I64, PTR, CpuKernel
+from kernels.cpu_library import I32, I64, PTR, CpuKernels
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-_silu_and_mul_c = CpuKernel("layer_ops", "silu_and_mul_f32", PTR, I64, PTR, I64, PTR, I32, I32)
+_silu_and_mul_c = CpuKernels("layer_ops", "silu_and_mul", PTR, I64, PTR, I64, PTR, I32, I32)
 
 
 def silu_and_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -47,13 +47,14 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_cpu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """C launcher of silu_and_mul for fp32 CPU tensors (kernels/cpu/layer_ops.c); rows may be strided."""
+    """C launcher of silu_and_mul for fp32 or bf16 CPU tensors (kernels/cpu/layer_ops.c); rows may be
+    strided."""
     if gate.stride(1) != 1 or up.stride(1) != 1:
         gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty(gate.shape, dtype=torch.float32)
+    out = torch.empty(gate.shape, dtype=gate.dtype)
     num_tokens, size = gate.shape
     args = (gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), out.data_ptr(), num_tokens, size)
-    _silu_and_mul_c(*args)
+    _silu_and_mul_c[gate.dtype](*args)
     return out
 
 

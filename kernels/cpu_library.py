@@ -144,3 +144,22 @@ class CpuKernel:
         # Named in torch.profiler's tables, which see only torch's own ops (checked first: 15 us a call).
         with torch.profiler.record_function(f"cpu::{self.symbol}"):
             return self._function(*args)
+
+
+class CpuKernels:
+    """The fp32 and the bf16 build of one C op, <symbol>_f32 and <symbol>_bf16 in kernels/cpu/<library>.c,
+    with the same argument types: `kernels[dtype]` is the CpuKernel for tensors of that dtype."""
+
+    def __init__(self, library: str, symbol: str, *argtypes: type) -> None:
+        self._kernels = {
+            torch.float32: CpuKernel(library, f"{symbol}_f32", *argtypes),
+            torch.bfloat16: CpuKernel(library, f"{symbol}_bf16", *argtypes, dtype=torch.bfloat16),
+        }
+
+    def __getitem__(self, dtype: torch.dtype) -> CpuKernel:
+        return self._kernels[dtype]
+
+    def available(self, first: torch.Tensor, *others: torch.Tensor | None) -> bool:
+        """Whether the build of `first`'s dtype runs for these tensors (see CpuKernel.available)."""
+        kernel = self._kernels.get(first.dtype)
+        return kernel is not None and kernel.available(first, *others)

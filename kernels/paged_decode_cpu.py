@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu_library import F32, I32, I64, PTR, CpuKernel
+from kernels.cpu_library import F32, I32, I64, PTR, CpuKernels
 
 # The limits kernels/cpu/paged_decode.c was compiled with: head_dim a multiple of 16 up to MAX_HEAD_DIM,
 # and up to MAX_GROUP query heads per KV head.
 MAX_HEAD_DIM, MAX_GROUP = 256, 64
 
-_ARGS = (PTR, I64, I64, PTR, PTR, PTR, I64, PTR, PTR, *[I32] * 6, F32)
-# the kernel for each cache dtype
-_PAGED_DECODE = {
-    torch.float32: CpuKernel("paged_decode", "paged_decode_f32", *_ARGS),
-    torch.bfloat16: CpuKernel("paged_decode", "paged_decode_bf16", *_ARGS, dtype=torch.bfloat16),
-}
+_paged_decode = CpuKernels(
+    "paged_decode", "paged_decode", PTR, I64, I64, PTR, PTR, PTR, I64, PTR, PTR, *[I32] * 6, F32
+)
 
 
 def cpu_decode_supported(k_cache: torch.Tensor, num_heads: int) -> bool:
@@ -25,13 +22,11 @@ def cpu_decode_supported(k_cache: torch.Tensor, num_heads: int) -> bool:
     num_kv_heads, head_dim]: an fp32 or bf16 CPU cache within its compiled limits (see
     CpuKernel.available)."""
     head_dim, num_kv_heads = k_cache.shape[3], k_cache.shape[2]
-    kernel = _PAGED_DECODE.get(k_cache.dtype)
     return (
         head_dim % 16 == 0
         and head_dim <= MAX_HEAD_DIM
         and num_heads // num_kv_heads <= MAX_GROUP
-        and kernel is not None
-        and kernel.available(k_cache)
+        and _paged_decode.available(k_cache)
     )
 
 
@@ -53,7 +48,7 @@ def paged_attention_decode_cpu(
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1:3]
     out = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
-    status = _PAGED_DECODE[k_cache.dtype](
+    status = _paged_decode[k_cache.dtype](
         q.data_ptr(),
         q.stride(0),
         q.stride(1),

@@ -3,14 +3,14 @@
 import torch
 
 from kernels.backend import HAS_TRITON, check_triton_device, use_triton
-from kernels.cpu_library import I32, I64, PTR, CpuKernel
+from kernels.cpu_library import I32, I64, PTR, CpuKernels
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-_reshape_and_cache_c = CpuKernel(
-    "layer_ops", "reshape_and_cache_f32", PTR, I64, I64, PTR, I64, I64, PTR, PTR, PTR, I64, I32, I32, I32
+_reshape_and_cache_c = CpuKernels(
+    "layer_ops", "reshape_and_cache", PTR, I64, I64, PTR, I64, I64, PTR, PTR, PTR, I64, I32, I32, I32
 )
 
 
@@ -98,13 +98,14 @@ def reshape_and_cache_cpu(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """C launcher of reshape_and_cache for fp32 CPU tensors (kernels/cpu/layer_ops.c), skipping slots < 0."""
+    """C launcher of reshape_and_cache for fp32 or bf16 CPU tensors, the key and value in the cache's dtype
+    (kernels/cpu/layer_ops.c), skipping slots < 0."""
     if key.stride(2) != 1 or value.stride(2) != 1:
         key, value = key.contiguous(), value.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
     num_tokens, num_kv_heads, head_dim = key.shape
     num_slots = k_cache.shape[0] * k_cache.shape[1]
-    status = _reshape_and_cache_c(
+    status = _reshape_and_cache_c[k_cache.dtype](
         key.data_ptr(),
         key.stride(0),
         key.stride(1),

@@ -3,13 +3,13 @@
 import torch
 
 from kernels.backend import HAS_TRITON, check_triton_device, use_triton
-from kernels.cpu_library import F32, I32, I64, PTR, CpuKernel
+from kernels.cpu_library import F32, I32, I64, PTR, CpuKernels
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-_rms_norm_c = CpuKernel("layer_ops", "rms_norm_f32", PTR, I64, PTR, I64, PTR, PTR, PTR, I32, I32, F32)
+_rms_norm_c = CpuKernels("layer_ops", "rms_norm", PTR, I64, PTR, I64, PTR, PTR, PTR, I32, I32, F32)
 
 
 def rms_norm_torch(
@@ -94,12 +94,12 @@ def rms_norm_triton(
 def rms_norm_cpu(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """C launcher of rms_norm for fp32 CPU tensors (kernels/cpu/layer_ops.c), one pass per row."""
+    """C launcher of rms_norm for fp32 or bf16 CPU tensors (kernels/cpu/layer_ops.c), one pass per row."""
     x = x if x.stride(1) == 1 else x.contiguous()
     residual = residual if residual is None or residual.stride(1) == 1 else residual.contiguous()
-    out = torch.empty(x.shape, dtype=torch.float32)
-    hidden = None if residual is None else torch.empty(x.shape, dtype=torch.float32)
-    _rms_norm_c(
+    out = torch.empty(x.shape, dtype=x.dtype)
+    hidden = None if residual is None else torch.empty(x.shape, dtype=x.dtype)
+    _rms_norm_c[x.dtype](
         x.data_ptr(),
         x.stride(0),
         None if residual is None else residual.data_ptr(),

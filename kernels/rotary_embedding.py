@@ -3,14 +3,14 @@
 import torch
 
 from kernels.backend import HAS_TRITON, check_triton_device, use_triton
-from kernels.cpu_library import I32, I64, PTR, CpuKernel
+from kernels.cpu_library import I32, I64, PTR, CpuKernels
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-_rotary_c = CpuKernel(
-    "layer_ops", "rotary_embedding_f32", PTR, PTR, I64, I64, I32, PTR, I64, I64, I32, PTR, I64, I32, I32, I32
+_rotary_c = CpuKernels(
+    "layer_ops", "rotary_embedding", PTR, PTR, I64, I64, I32, PTR, I64, I64, I32, PTR, I64, I32, I32, I32
 )
 
 
@@ -121,14 +121,15 @@ def rotary_embedding_triton(
 def rotary_embedding_cpu(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """C launcher of rotary_embedding for fp32 CPU tensors (kernels/cpu/layer_ops.c): rotates q and k in
-    place when their last dim is contiguous (else copies first), returns them."""
+    """C launcher of rotary_embedding for fp32 or bf16 CPU q and k and an fp32 cos_sin_cache
+    (kernels/cpu/layer_ops.c): rotates q and k in place when their last dim is contiguous (else copies
+    first), returns them."""
     q = q if q.stride(2) == 1 else q.contiguous()
     k = k if k.stride(2) == 1 else k.contiguous()
     cache = cos_sin_cache.contiguous()
     positions = positions.to(torch.int64).contiguous()
     num_tokens, num_heads, head_dim = q.shape
-    status = _rotary_c(
+    status = _rotary_c[q.dtype](
         positions.data_ptr(),
         q.data_ptr(),
         q.stride(0),
@@ -170,6 +171,7 @@ def rotary_embedding(
         raise ValueError(f"positions must be [num_tokens={q.shape[0]}]; got {tuple(positions.shape)}")
     if use_triton(q):
         return rotary_embedding_triton(positions, q, k, cos_sin_cache)
-    if _rotary_c.available(q, k, cos_sin_cache):
+    fp32_cache = cos_sin_cache.dtype == torch.float32 and cos_sin_cache.device.type == "cpu"
+    if fp32_cache and _rotary_c.available(q, k):
         return rotary_embedding_cpu(positions, q, k, cos_sin_cache)
     return rotary_embedding_torch(positions, q, k, cos_sin_cache)

@@ -20,21 +20,18 @@
 #define TILE VLEN /* cached tokens per online-softmax step: one vector of scores */
 #define LOG2_TILE (TILE == 16 ? 4 : 3)
 
-/* VLEN cached values from element `index` of a cache of floats, or of bf16 values when `bf16` (a constant at
- * each call, so each kernel keeps one kind of load). */
-static inline vf load_kv(const void *cache, int64_t index, int bf16) {
-    return bf16 ? load_bf16((const uint16_t *)cache + index) : loadv((const float *)cache + index);
+/* Chunk c (VLEN values) of a cached row of floats, or of bf16 values when `bf16` (a constant at each call, so
+ * each kernel keeps one kind of load). */
+static inline vf load_kv(const char *row, int c, int bf16) {
+    return bf16 ? load_bf16((const uint16_t *)row + VLEN * c) : loadv((const float *)row + VLEN * c);
 }
 
-/* The tile's rows of one KV head, from element `offset` of the caches, asked of the memory system ahead of
- * their use. */
-static inline void prefetch_rows(const void *k, const void *v, int64_t offset, int count, int64_t token_stride,
-                                 int head_dim, int bf16) {
-    int size = bf16 ? 2 : 4, per_line = 64 / size; /* the values in one 64-byte cache line */
+/* The tile's rows of one KV head (token_bytes apart), asked of the memory system ahead of their use. */
+static inline void prefetch_rows(const char *k, const char *v, int count, int64_t token_bytes, int row_bytes) {
     for (int t = 0; t < count; t++)
-        for (int line = 0; line < head_dim; line += per_line) {
-            __builtin_prefetch((const char *)k + (offset + t * token_stride + line) * size);
-            __builtin_prefetch((const char *)v + (offset + t * token_stride + line) * size);
+        for (int line = 0; line < row_bytes; line += 64) { /* one 64-byte cache line */
+            __builtin_prefetch(k + t * token_bytes + line);
+            __builtin_prefetch(v + t * token_bytes + line);
         }
 }
 
@@ -49,14 +46,15 @@ static inline int tile_at(const int32_t *table, int position, int context_len, i
 }
 
 /* The `group` query heads of one KV head (rows of q, q_head_stride apart) over the first context_len cached
- * tokens of one sequence; that KV head's row of cache token 0 is element `head` of k_cache and v_cache (bf16
- * values where `bf16`, else floats). head_dim is a multiple of 16 and at most MAX_HEAD_DIM; callers pass it,
- * and bf16, as constants where they can, so the loops over its chunks unroll. */
+ * tokens of one sequence; k_cache and v_cache point at that KV head's row of cache token 0, of bf16 values where
+ * `bf16`, else of floats (strides count values). head_dim is a multiple of 16 and at most MAX_HEAD_DIM; callers
+ * pass it, and bf16, as constants where they can, so the loops over its chunks unroll. */
 static inline __attribute__((always_inline)) void attend_kv_head(
-    const float *q, int64_t q_head_stride, const void *k_cache, const void *v_cache, int64_t head,
-    const int32_t *table, int context_len, int64_t cache_block_stride, int64_t cache_token_stride, int group,
-    int head_dim, int block_size, float scale, float *out, int bf16) {
-    const int chunks = head_dim / VLEN;
+    const float *q, int64_t q_head_stride, const char *k_cache, const char *v_cache, const int32_t *table,
+    int context_len, int64_t cache_block_stride, int64_t cache_token_stride, int group, int head_dim,
+    int block_size, float scale, float *out, int bf16) {
+    const int chunks = head_dim / VLEN, size = bf16 ? 2 : 4;
+    const int64_t token_bytes = cache_token_stride * size;
     vf qs[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS];
     float row_max[MAX_GROUP], row_sum[MAX_GROUP];
     for (int g = 0; g < group; g++) {
@@ -71,11 +69,12 @@ static inline __attribute__((always_inline)) void attend_kv_head(
         int64_t offset, next_offset;
         int count = tile_at(table, position, context_len, block_size, cache_block_stride, cache_token_stride,
                             &offset);
-        int64_t tile_start = head + offset;
+        const char *k_tile = k_cache + offset * size, *v_tile = v_cache + offset * size;
         if (position + count < context_len) {
             int next_count = tile_at(table, position + count, context_len, block_size, cache_block_stride,
                                      cache_token_stride, &next_offset);
-            prefetch_rows(k_cache, v_cache, head + next_offset, next_count, cache_token_stride, head_dim, bf16);
+            prefetch_rows(k_cache + next_offset * size, v_cache + next_offset * size, next_count, token_bytes,
+                          head_dim * size);
         }
         for (int g = 0; g < group; g++) {
             /* Each token's products with q, folded into one vector of scores as they come (see fold), so that
@@ -85,10 +84,10 @@ static inline __attribute__((always_inline)) void attend_kv_head(
             for (int t = 0; t < TILE; t++) {
                 vf partial = {0}, odd = {0}; /* two chains of FMAs, not one */
                 if (t < count) {
-                    int64_t k = tile_start + t * cache_token_stride;
+                    const char *k = k_tile + t * token_bytes;
                     for (int c = 0; c < chunks; c++) {
-                        if (c % 2) odd += qs[g][c] * load_kv(k_cache, k + VLEN * c, bf16);
-                        else partial += qs[g][c] * load_kv(k_cache, k + VLEN * c, bf16);
+                        if (c % 2) odd += qs[g][c] * load_kv(k, c, bf16);
+                        else partial += qs[g][c] * load_kv(k, c, bf16);
                     }
                     partial += odd;
                 }
@@ -117,8 +116,8 @@ static inline __attribute__((always_inline)) void attend_kv_head(
             memcpy(weights, &tile, sizeof tile);
             row_sum[g] += sumv(tile);
             for (int t = 0; t < count; t++) {
-                int64_t v = tile_start + t * cache_token_stride;
-                for (int c = 0; c < chunks; c++) a[c] += weights[t] * load_kv(v_cache, v + VLEN * c, bf16);
+                const char *v = v_tile + t * token_bytes;
+                for (int c = 0; c < chunks; c++) a[c] += weights[t] * load_kv(v, c, bf16);
             }
             for (int c = 0; c < chunks; c++) acc[g][c] = a[c];
         }
@@ -138,59 +137,75 @@ static inline __attribute__((always_inline)) void attend_kv_head(
     }
 }
 
-/* q [num_seqs, num_heads, head_dim] (head_dim contiguous); k_cache, v_cache [num_blocks, block_size,
- * num_kv_heads, head_dim] contiguous, of floats, or of bf16 values where `bf16`; block_tables [num_seqs,
- * table_stride] int32; context_lens [num_seqs] int32. Writes out [num_seqs, num_heads, head_dim], contiguous.
- * Returns 0; -1 when head_dim is not a multiple of 16 within the compiled limit or a KV head has more than
- * MAX_GROUP query heads; -2 when a block table entry a context needs is not a block of the cache. */
-static inline __attribute__((always_inline)) int paged_decode(
-    const float *q, int64_t q_seq_stride, int64_t q_head_stride, const void *k_cache, const void *v_cache,
-    const int32_t *block_tables, int64_t table_stride, const int32_t *context_lens, float *out, int num_seqs,
-    int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, float scale, int bf16) {
-    int group = num_heads / num_kv_heads;
-    if (head_dim % 16 || head_dim > MAX_HEAD_DIM || group > MAX_GROUP) return -1;
+/* 0 when the kernel takes these shapes and every block table entry a context needs is a block of the cache; -1
+ * when head_dim is not a multiple of 16 within the compiled limit or a KV head has more than MAX_GROUP query
+ * heads; -2 for a table entry outside the cache. */
+static int check_args(const int32_t *block_tables, int64_t table_stride, const int32_t *context_lens, int num_seqs,
+                      int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks) {
+    if (head_dim % 16 || head_dim > MAX_HEAD_DIM || num_heads / num_kv_heads > MAX_GROUP) return -1;
     for (int s = 0; s < num_seqs; s++)
         for (int b = 0; b < (context_lens[s] + block_size - 1) / block_size; b++)
             if (block_tables[s * table_stride + b] < 0 || block_tables[s * table_stride + b] >= num_blocks) return -2;
-    int64_t token_stride = (int64_t)num_kv_heads * head_dim;
-    int64_t block_stride = token_stride * block_size;
-    int64_t num_items = (int64_t)num_seqs * num_kv_heads;
-#pragma omp parallel for schedule(dynamic, 4)
-    for (int64_t item = 0; item < num_items; item++) {
-        int s = (int)(item / num_kv_heads), kv_head = (int)(item % num_kv_heads), head = kv_head * group;
-        const float *qs = q + s * q_seq_stride + head * q_head_stride;
-        const int32_t *table = block_tables + s * table_stride;
-        float *os = out + ((int64_t)s * num_heads + head) * head_dim;
-        int64_t cache_head = (int64_t)kv_head * head_dim;
-        switch (head_dim) { /* the common head sizes as constants */
-#define ATTEND(dim)                                                                                            \
-    case dim:                                                                                                  \
-        attend_kv_head(qs, q_head_stride, k_cache, v_cache, cache_head, table, context_lens[s], block_stride,  \
-                       token_stride, group, dim, block_size, scale, os, bf16);                                 \
-        break;
-            ATTEND(64) ATTEND(128) ATTEND(96) ATTEND(80) ATTEND(256) ATTEND(32)
-#undef ATTEND
-        default:
-            attend_kv_head(qs, q_head_stride, k_cache, v_cache, cache_head, table, context_lens[s], block_stride,
-                           token_stride, group, head_dim, block_size, scale, os, bf16);
-        }
-    }
     return 0;
 }
 
+/* Work item `item` = (sequence, KV head) of paged_decode_f32 / _bf16, whose arguments it takes. */
+static inline __attribute__((always_inline)) void decode_item(
+    int64_t item, const float *q, int64_t q_seq_stride, int64_t q_head_stride, const void *k_cache,
+    const void *v_cache, const int32_t *block_tables, int64_t table_stride, const int32_t *context_lens, float *out,
+    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int bf16) {
+    int group = num_heads / num_kv_heads;
+    int64_t token_stride = (int64_t)num_kv_heads * head_dim;
+    int64_t block_stride = token_stride * block_size;
+    int s = (int)(item / num_kv_heads), kv_head = (int)(item % num_kv_heads), head = kv_head * group;
+    const float *qs = q + s * q_seq_stride + head * q_head_stride;
+    const int32_t *table = block_tables + s * table_stride;
+    float *os = out + ((int64_t)s * num_heads + head) * head_dim;
+    int64_t head_bytes = (int64_t)kv_head * head_dim * (bf16 ? 2 : 4);
+    const char *ks = (const char *)k_cache + head_bytes, *vs = (const char *)v_cache + head_bytes;
+    switch (head_dim) { /* the common head sizes as constants */
+#define ATTEND(dim)                                                                                            \
+    case dim:                                                                                                  \
+        attend_kv_head(qs, q_head_stride, ks, vs, table, context_lens[s], block_stride, token_stride, group, dim, \
+                       block_size, scale, os, bf16);                                                           \
+        break;
+        ATTEND(64) ATTEND(128) ATTEND(96) ATTEND(80) ATTEND(256) ATTEND(32)
+#undef ATTEND
+    default:
+        attend_kv_head(qs, q_head_stride, ks, vs, table, context_lens[s], block_stride, token_stride, group,
+                       head_dim, block_size, scale, os, bf16);
+    }
+}
+
+/* q [num_seqs, num_heads, head_dim] (head_dim contiguous); k_cache, v_cache [num_blocks, block_size,
+ * num_kv_heads, head_dim] contiguous, of floats (paged_decode_f32) or of bf16 values (paged_decode_bf16, uint16
+ * bit patterns); block_tables [num_seqs, table_stride] int32; context_lens [num_seqs] int32. Writes out
+ * [num_seqs, num_heads, head_dim] fp32, contiguous. Returns check_args's status, 0 when it ran. Each has its own
+ * parallel loop, so that `bf16` stays a constant in the function OpenMP moves the loop's body into. */
 int paged_decode_f32(const float *q, int64_t q_seq_stride, int64_t q_head_stride, const float *k_cache,
                      const float *v_cache, const int32_t *block_tables, int64_t table_stride,
                      const int32_t *context_lens, float *out, int num_seqs, int num_heads, int num_kv_heads,
                      int head_dim, int block_size, int num_blocks, float scale) {
-    return paged_decode(q, q_seq_stride, q_head_stride, k_cache, v_cache, block_tables, table_stride, context_lens,
-                        out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, num_blocks, scale, 0);
+    int status = check_args(block_tables, table_stride, context_lens, num_seqs, num_heads, num_kv_heads, head_dim,
+                            block_size, num_blocks);
+    if (status) return status;
+#pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t item = 0; item < (int64_t)num_seqs * num_kv_heads; item++)
+        decode_item(item, q, q_seq_stride, q_head_stride, k_cache, v_cache, block_tables, table_stride, context_lens,
+                    out, num_heads, num_kv_heads, head_dim, block_size, scale, 0);
+    return 0;
 }
 
-/* paged_decode_f32 over bf16 caches (uint16 bit patterns); q and out stay fp32. */
 int paged_decode_bf16(const float *q, int64_t q_seq_stride, int64_t q_head_stride, const uint16_t *k_cache,
                       const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
                       const int32_t *context_lens, float *out, int num_seqs, int num_heads, int num_kv_heads,
                       int head_dim, int block_size, int num_blocks, float scale) {
-    return paged_decode(q, q_seq_stride, q_head_stride, k_cache, v_cache, block_tables, table_stride, context_lens,
-                        out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, num_blocks, scale, 1);
+    int status = check_args(block_tables, table_stride, context_lens, num_seqs, num_heads, num_kv_heads, head_dim,
+                            block_size, num_blocks);
+    if (status) return status;
+#pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t item = 0; item < (int64_t)num_seqs * num_kv_heads; item++)
+        decode_item(item, q, q_seq_stride, q_head_stride, k_cache, v_cache, block_tables, table_stride, context_lens,
+                    out, num_heads, num_kv_heads, head_dim, block_size, scale, 1);
+    return 0;
 }

@@ -99,6 +99,67 @@ static inline vf load_bf16(const uint16_t *p) {
     return (vf)(__builtin_convertvector(h, vu) << 16);
 }
 
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* The bf16 nearest to f, ties to even, as torch rounds (a NaN becomes torch's 0x7FC0). */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return (uint16_t)((bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
+/* float_to_bf16 of VLEN floats. */
+static inline vh floats_to_bf16(vf v) {
+    vu bits = (vu)v;
+    vu rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    vu nan = (vu)((vi)(bits & 0x7FFFFFFFu) > 0x7F800000); /* a signed compare: AVX2 has no unsigned one */
+    return __builtin_convertvector((rounded & ~nan) | (0x7FC0u & nan), vh);
+}
+
+/* Element i of an array of floats, or of bf16 values where `bf16` (a constant at each call), as a float. */
+static inline float get_value(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* Stores v as element i of an array of floats, or of bf16 values (rounded) where `bf16`. */
+static inline void put_value(void *p, int64_t i, float v, int bf16) {
+    if (bf16) ((uint16_t *)p)[i] = float_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+/* v as the array's element type stores it: rounded to bf16 and back where `bf16`, else v. */
+static inline float stored_value(float v, int bf16) { return bf16 ? bf16_to_float(float_to_bf16(v)) : v; }
+
+/* `count` (at most VLEN) elements from element i of an array of floats, or of bf16 values, as floats; the
+ * lanes past count are 0. */
+static inline vf load_values(const void *p, int64_t i, int count, int bf16) {
+    if (count == VLEN) return bf16 ? load_bf16((const uint16_t *)p + i) : loadv((const float *)p + i);
+    if (bf16) {
+        vh h = {0};
+        memcpy(&h, (const uint16_t *)p + i, sizeof(uint16_t) * count);
+        return (vf)(__builtin_convertvector(h, vu) << 16);
+    }
+    vf v = {0};
+    memcpy(&v, (const float *)p + i, sizeof(float) * count);
+    return v;
+}
+
+/* Stores the first `count` (at most VLEN) lanes of v from element i, rounded to bf16 where `bf16`. */
+static inline void store_values(void *p, int64_t i, vf v, int count, int bf16) {
+    if (bf16) {
+        vh h = floats_to_bf16(v);
+        memcpy((uint16_t *)p + i, &h, count == VLEN ? sizeof h : sizeof(uint16_t) * count);
+    } else {
+        memcpy((float *)p + i, &v, count == VLEN ? sizeof v : sizeof(float) * count);
+    }
+}
+
 /* v where `mask` lanes are set (all bits), else `other`. */
 static inline vf blend(vi mask, vf v, vf other) { return (vf)(((vi)v & mask) | ((vi)other & ~mask)); }
 

@@ -1,5 +1,5 @@
-"""The backend switch: auto picks the C kernel for fp32 CPU tensors and the reference for other CPU tensors,
-forcing works, bad names are refused."""
+"""The backend switch: auto picks the C kernel for fp32 and bf16 CPU tensors and the reference for other CPU
+tensors, forcing works, bad names are refused."""
 
 from types import SimpleNamespace
 
@@ -19,7 +19,7 @@ def test_auto_uses_c_then_reference_on_cpu_and_triton_when_forced(monkeypatch):
     monkeypatch.setattr(kernels.rms_norm, "rms_norm_torch", lambda *args: calls.append("torch"))
     x, weight = torch.ones(2, 4), torch.ones(4)
     kernels.rms_norm.rms_norm(x, weight, 1e-6)
-    kernels.rms_norm.rms_norm(x.bfloat16(), weight.bfloat16(), 1e-6)  # the C kernels are fp32 only
+    kernels.rms_norm.rms_norm(x.half(), weight.half(), 1e-6)  # the C kernels are fp32 and bf16 only
     with kernels.use_backend("triton"):
         kernels.rms_norm.rms_norm(x, weight, 1e-6)
     with kernels.use_backend("torch"):
