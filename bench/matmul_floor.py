@@ -2,7 +2,7 @@
 
 `step_shapes(engine)` records each engine step's (tokens, logits rows); `matmul_floor_s(engine, shapes)` then
 multiplies that many rows through every product the engine makes, with its own weights and packs, and nothing
-else. bench/rollout.py and bench/rollout_vllm.py print it beside the engine's rate: an fp32 engine on these
+else. bench/rollout.py and bench/rollout_vllm.py print it beside the engine's rate: an engine on these
 products can near that rate, never beat it.
 """
 
@@ -39,7 +39,7 @@ def matmul_floor_s(engine: LLMEngine, shapes: list[tuple[int, int]]) -> float:
     """Seconds a run's matmuls take alone: each step's tokens through every decoder layer's `products` as the
     engine makes them (q/k/v stacked, o, gate/up stacked, down: `linears` on the model's own weights and
     packs) and its logits rows through the LM head, with nothing in between: no attention, norms, sampling
-    or scheduling. An fp32 engine on these products can near it, never beat it."""
+    or scheduling. An engine on these products can near it, never beat it."""
     decoder = engine.runner.model
     products = [stack for layer in decoder.layers for stack in layer.products]
     head = decoder.lm_head

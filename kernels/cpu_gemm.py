@@ -1,4 +1,5 @@
-"""fp32 CPU projections with the weight packed once for MKL's sgemm instead of on every call.
+"""CPU projections through a pack made once per weight: fp32 weights packed for MKL's sgemm instead of on
+every call, bf16 weights as one stacked bf16 copy (below).
 
 `F.linear` on the CPU calls MKL's cblas_sgemm, which copies the weight matrix into its blocked layout on
 every call; at decode batch sizes that copy is a large part of the call. `packed_linear` keeps one

@@ -5,8 +5,9 @@ B [out, r] live in buffers the engine owns (copied from the peft model once, the
 `update_lora`). Per request, the adapter is on ("policy") or off (None, the base model); one batch may mix
 both, through a per-token 0/1 mask. On the CPU, a step whose tokens all use the adapter multiplies by the
 merged weights W + scale B A instead (models/linear.py puts each projection's StackedLora update into the
-pack of its stack), packed once per adopted version in place of the base weights' packs; a mixed or base-only
-step, and every step with fewer than 4 tokens, runs the base product plus the delta.
+pack of its stack; for bf16 weights the sum is taken in fp32 and rounded once), packed once per adopted
+version in place of the base weights' packs; a mixed or base-only step, and every step with fewer than 4
+tokens, runs the base product plus the delta.
 
 Projections that read the same input (q/k/v, gate/up) and share a rank and scale form a LoraGroup: their A
 buffers are rows of one stacked tensor, so a single shrink serves them all. On the CPU the kernels read

@@ -1,7 +1,7 @@
 """Sizing the KV pool from the memory fraction.
 
 The engine's own memory (KV pool, the activations of one max-size step, on CUDA the decode graphs, and on
-the CPU its one packed copy of each fp32 projection and the LM head, kernels/cpu_gemm.py) stays under
+the CPU its one packed copy of each fp32 or bf16 projection and the LM head, kernels/cpu_gemm.py) stays under
 memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU). The model
 weights are shared with the trainer and are not counted. On CUDA the activations are measured with a dummy
 step (profiling.py) and the graphs by a trial capture (cuda_graphs.py) before the pool is sized; on CPU

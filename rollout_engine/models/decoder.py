@@ -2,8 +2,9 @@
 
 Qwen2 differs from Llama only by q/k/v biases (handled by `linear`), Qwen3 by an RMSNorm over each
 head of q and k before rotary. The modules are held, not their tensors, so a parameter replaced or
-updated in the HF model is what the next step reads (on the CPU the fp32 projections and LM head multiply
-through one packed copy of each weight, re-packed when the parameter changes: see linear.py).
+updated in the HF model is what the next step reads (on the CPU the fp32 and bf16 projections and LM head
+multiply through one packed copy of each weight, re-packed when the parameter changes: see linear.py). A bf16
+model runs in bf16 throughout, as transformers does, with a bf16 KV cache; the logits are fp32.
 """
 
 from __future__ import annotations

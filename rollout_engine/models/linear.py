@@ -1,9 +1,10 @@
 """Every projection of the paged forward goes through `linears`, the one place where LoRA hooks in.
 
-The base product reads the HF layer's own parameters at call time. On the CPU, the fp32 projections that read
+The base product reads the HF layer's own parameters at call time. On the CPU, the projections that read
 one input (q/k/v, gate/up, and each of o, down and the LM head alone) multiply as one product, through one
-MKL-packed copy of their stacked weights (kernels/cpu_gemm.py; about the weights' size in all, 540 MB for
-SmolLM2-135M), re-packed at the next call after a parameter is updated in place or replaced. One product of
+packed copy of their stacked weights (kernels/cpu_gemm.py: MKL-packed for fp32, a bf16 copy for bf16; about
+the weights' size in all, 540 MB for SmolLM2-135M in fp32), re-packed at the next call after a parameter is
+updated in place or replaced. One product of
 the stack runs 3-9% faster than one per projection at 64-128 rows (bench/RESULTS.md). A step whose tokens all
 use the LoRA adapter multiplies through a pack of the merged weights instead (rollout_engine/lora.py).
 """
