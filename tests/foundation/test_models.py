@@ -70,6 +70,27 @@ def test_tiny_model_does_not_disturb_global_rng():
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.gpu
+def test_tiny_model_does_not_disturb_the_cuda_rng():
+    torch.cuda.manual_seed(123)
+    expected = torch.rand(3, device="cuda")
+    torch.cuda.manual_seed(123)
+    build_tiny_model("tiny_llama", vocab_size=97, seed=0)  # torch.manual_seed seeds every CUDA device too
+    assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_auto_is_the_cuda_device_in_bf16_and_a_gpu_past_the_count_is_named():
+    device = resolve_device("auto")
+    assert device.type == "cuda" and resolve_dtype("auto", device) == torch.bfloat16
+    count = torch.cuda.device_count()
+    assert resolve_device(f"cuda:{count - 1}") == torch.device("cuda", count - 1)
+    with pytest.raises(
+        ModelLoadError, match=rf"sees {count} CUDA GPU\(s\); use one of cuda:0 to cuda:{count - 1}"
+    ):
+        resolve_device(f"cuda:{count}")
+
+
 def test_load_tiny_uses_default_tokenizer_and_fp32_on_cpu():
     model, tok = load_model("tiny_llama", seed=1)
     assert model.config.vocab_size == len(tok) == 49152
