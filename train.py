@@ -35,7 +35,14 @@ from rl.algo.advantages import compute_advantages, filter_zero_std_groups
 from rl.algo.optim import build_lr_scheduler, build_optimizer
 from rl.algo.trainer import train_step
 from rl.job import distributed as dp
-from rl.job.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
+from rl.job.checkpoint import (
+    RunDirError,
+    check_checkpoint,
+    check_run_dir,
+    find_latest,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rl.job.config import register_configs
 from rl.job.config_checks import check_config
 from rl.job.curriculum import Curriculum
@@ -61,6 +68,7 @@ from rl.settings import ConfigError
 from rl.sync.adapter import add_lora, lora_tensors
 from rl.sync.transport import DistributedSync, InProcessSync
 from rollout_engine import LLMEngine, SamplingParams
+from serve import build_app, listen, run_server
 
 register_configs()
 # what the user can fix: printed as one line; any other exception is a bug and keeps its traceback
@@ -137,13 +145,27 @@ def model_settings(cfg: DictConfig, dist: dp.DistInfo) -> tuple[dict, dict]:
     return model_kwargs, lora_kwargs
 
 
-def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
+def build_policy(cfg: DictConfig, dist: dp.DistInfo):
+    """The model with its LoRA adapter, its tokenizer, and the engine with the transport that syncs the
+    adapter into it (the adapter as it starts: version 0)."""
     model_kwargs, lora_kwargs = model_settings(cfg, dist)
     model, tokenizer = load_model(**model_kwargs)
     model = add_lora(model, **lora_kwargs)
-    train_model = dp.wrap_model(model, dist)
     engine, sync = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
     sync.push(lora_tensors(model), version=0)
+    return model, tokenizer, engine, sync
+
+
+def load_policy_checkpoint(cfg: DictConfig, model, sync) -> int:
+    """cfg.checkpoint's adapter into the model and through the sync into the engine; returns its step."""
+    step = load_checkpoint(cfg.checkpoint, model, restore_rng=False).step
+    sync.push(lora_tensors(model), version=1)
+    return step
+
+
+def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
+    model, tokenizer, engine, sync = build_policy(cfg, dist)
+    train_model = dp.wrap_model(model, dist)
     env = make_env(cfg.env.name, **cfg.env.args)
     tasks = task_splits(call_task_source(cfg.env.tasks), env, cfg.env.tasks.get("_target_"), cfg.seed)
     test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.env.eval_seed)
@@ -455,8 +477,7 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     parts = build_parts(cfg, dist)
     stage, step = "base", 0
     if cfg.checkpoint:
-        stage, step = "checkpoint", load_checkpoint(cfg.checkpoint, parts.model, restore_rng=False).step
-        parts.sync.push(lora_tensors(parts.model), version=1)
+        stage, step = "checkpoint", load_policy_checkpoint(cfg, parts.model, parts.sync)
     point = eval_point(parts, cfg, stage, step, transfer=True)  # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
     if dist.is_main:
         print(f"held-out greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
@@ -481,12 +502,48 @@ def export_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     export_checkpoint(cfg.checkpoint, cfg.export.dir, *model_settings(cfg, dist), dist.world_size)
 
 
+def check_serving(cfg: DictConfig, dist: dp.DistInfo) -> None:
+    """What mode=serve refuses before its model loads: bad values, torchrun, a checkpoint that is not one."""
+    check_config(cfg)
+    if dist.world_size > 1:
+        raise ConfigError("mode=serve runs in one process: start it with python train.py, not torchrun")
+    if cfg.checkpoint:
+        check_checkpoint(cfg.checkpoint)
+
+
+def serving_engine(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS):
+    """mode=serve's engine, tokenizer and model name: the model with cfg.checkpoint's adapter (the base model
+    without one)."""
+    model, tokenizer, engine, sync = build_policy(cfg, dist)
+    if cfg.checkpoint:
+        load_policy_checkpoint(cfg, model, sync)
+    name = cfg.serve.model_name or cfg.model.path or cfg.model.name.value
+    return engine, tokenizer, name
+
+
+def serve_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
+    """mode=serve: the OpenAI-compatible server over the engine, until Ctrl-C; the port is taken before the
+    model loads, so a busy one fails at once."""
+    check_serving(cfg, dist)
+    s = cfg.serve
+    try:
+        sock = listen(s.host, s.port)
+    except OSError as err:
+        raise ConfigError(f"cannot listen on serve.host={s.host} serve.port={s.port}: {err}") from err
+    engine, tokenizer, name = serving_engine(cfg, dist)
+    host, port = sock.getsockname()[:2]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    print(f"serving {name} ({cfg.checkpoint or 'base model'}) at http://{address}/v1", flush=True)
+    run_server(build_app(engine, tokenizer, name), sock)
+
+
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     torch.manual_seed(cfg.seed)
     try:
         with dp.distributed(cfg.model.device) as dist:
-            {"train": train, "eval": eval_only, "export": export_only}[cfg.mode.value](cfg, dist)
+            modes = {"train": train, "eval": eval_only, "export": export_only, "serve": serve_only}
+            modes[cfg.mode.value](cfg, dist)
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -30,7 +30,7 @@ from rl.sync.adapter import LoraConfig
 
 ModelName = choices("ModelName", MODEL_NAMES)
 DType = choices("DType", ("auto", *DTYPES))
-Mode = choices("Mode", ("train", "eval", "export"))
+Mode = choices("Mode", ("train", "eval", "export", "serve"))
 Placement = choices("Placement", ("inprocess", "process"))
 Estimator = choices("Estimator", ESTIMATORS)
 AdvantageScale = choices("AdvantageScale", SCALES)
@@ -131,6 +131,15 @@ class ExportConfig:
 
 
 @dataclass
+class ServeConfig:
+    """mode=serve: the OpenAI-compatible server over the engine (serve/)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (the start-up line names it)
+    model_name: str | None = None  # what requests' `model` must say (None: model.path, or the model= choice)
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -144,6 +153,7 @@ class TrainConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     mode: Mode = Mode.train
     seed: int = 0
     num_steps: int = 30
@@ -152,7 +162,8 @@ class TrainConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     resume: bool = False
-    checkpoint: str | None = None  # mode=eval: the one to score (None: the base model); export: to merge
+    checkpoint: str | None = None  # mode=eval: the one to score (None: the base model); export: to merge;
+    # serve: the adapter to serve (None: the base model)
     run_dir: str = MISSING
 
 

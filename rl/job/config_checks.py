@@ -76,6 +76,11 @@ RULES: tuple[Rule, ...] = (
     ("curriculum.min_attempts", at_least(1), "use an integer >= 1"),
     ("logger.samples_every", at_least(1), "use an integer >= 1"),
     ("eval.samples", at_least(0), "use an integer >= 0 (0: greedy accuracy alone; K: pass@k from K samples)"),
+    (
+        "serve.port",
+        lambda v: at_least(0)(v) and v <= 65535,
+        "use a port in [0, 65535] (0: any free port)",
+    ),
 )
 
 
@@ -92,6 +97,11 @@ def config_problems(cfg: DictConfig) -> list[str]:
         problems.append(
             f"algo.group_size={cfg.algo.group_size!r}: use at most rollout.max_num_seqs="
             f"{cfg.rollout.max_num_seqs} (the engine runs the samples of a group together), or raise that"
+        )
+    if cfg.mode.value == "serve" and cfg.rollout.placement.value != "inprocess":
+        problems.append(
+            f"rollout.placement={cfg.rollout.placement.value}: mode=serve steps the engine from the server's "
+            "own thread, so the engine must live in its process; use rollout.placement=inprocess"
         )
     if cfg.eval.samples > cfg.rollout.max_num_seqs:
         problems.append(

@@ -124,6 +124,8 @@ def test_every_yaml_holds_values_in_range(compose_train, group, option):
         ("sft.steps=-1", "an integer >= 0"),
         ("sft.batch_size=0", "an integer >= 1"),
         ("sft.lr=-1e-4", "a finite number > 0"),
+        ("serve.port=65536", "a port in [0, 65535] (0: any free port)"),
+        ("serve.port=-1", "a port in [0, 65535] (0: any free port)"),
     ],
 )
 def test_a_value_out_of_range_is_refused_naming_the_key_and_the_range(compose_train, override, accepted):

@@ -196,7 +196,7 @@ def test_a_reset_while_a_request_runs_keeps_its_kv_and_releases_the_rest():
     running_id = engine.add_request(running, SamplingParams(temperature=0.0, max_tokens=40))
     results = {}
     while engine.has_unfinished():
-        for group in engine.step():
+        for group in engine.step().finished:
             results[group.request_id] = group
         if len(results) == 1 and engine.stats()["num_blocks_used"] > 0 and "released" not in results:
             before = engine.stats()["kv_bytes_resident"]
