@@ -107,6 +107,11 @@ class SqlMultiTurnEnv:
         """Refuse a task row this env cannot play (see ``prompts.check_sql_task``); run at task load."""
         check_sql_task(task)
 
+    def demonstration(self, task: Mapping[str, Any]) -> str:
+        """The ideal first reply to ``task``: its gold query as the final answer, so a warm start teaches the
+        answer format and the SQL, and GRPO then finds when exploring first pays."""
+        return f"<answer>{task['gold_sql']}</answer>"
+
     def start(self, task: Mapping[str, Any]) -> SqlMultiTurnEpisode:
         """Open an episode; the instructions state the tags and the turn budget."""
         instructions = MULTI_TURN_INSTRUCTIONS.format(max_turns=self.max_turns)
