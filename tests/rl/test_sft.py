@@ -39,7 +39,8 @@ def test_every_multi_turn_demonstration_answers_at_once_with_an_execution_match(
     env = SqlMultiTurnEnv()
     for task in sql_tasks:
         result = env.start(task).step(env.demonstration(task))
-        assert result.done and result.info["turns"] == 1 and result.rewards["execution"] == 1.0, task["gold_sql"]
+        assert result.done and result.info["turns"] == 1, task["gold_sql"]
+        assert result.rewards["execution"] == 1.0, task["gold_sql"]
 
 
 def test_a_demonstration_is_the_rollout_prompt_then_the_rest_of_the_gold_reply(sql_tasks, tiny):
