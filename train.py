@@ -29,7 +29,7 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from envs import Env, EnvError, make_env, start_episodes, step_episodes
+from envs import Env, EnvError, make_env, score_words, start_episodes, step_episodes
 from envs.tasks import call_task_source, task_splits
 from rl.algo.advantages import compute_advantages, filter_zero_std_groups
 from rl.algo.optim import build_lr_scheduler, build_optimizer
@@ -462,10 +462,12 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     if final_eval:
         with timer("eval"):
             evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, transfer=True))
-    summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps)
+    words = score_words(parts.env)
+    summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps, words)
     if logger is not None:
         if final_eval:
             logger.log(cfg.num_steps, evals[-1].metrics())
+        logger.log_summary(summary)
         logger.close()
         write_summary(cfg.run_dir, summary)
         print(summary_text(summary, history, timer))
@@ -479,11 +481,12 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     if cfg.checkpoint:
         stage, step = "checkpoint", load_policy_checkpoint(cfg, parts.model, parts.sync)
     point = eval_point(parts, cfg, stage, step, transfer=True)  # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
+    success = score_words(parts.env).success
     if dist.is_main:
-        print(f"held-out greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
+        print(f"held-out greedy {success} ({cfg.checkpoint or 'base model'}):")
         print(point.result.table())
         if point.transfer is not None:
-            print(f"transfer set greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
+            print(f"transfer set greedy {success} ({cfg.checkpoint or 'base model'}):")
             print(point.transfer.table())
     held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
     for eval_set, greedy in [(held_out, point.result), (parts.transfer, point.transfer)]:

@@ -4,7 +4,9 @@ from envs.base import (
     Env,
     EnvError,
     Episode,
+    ScoreWords,
     StepResult,
+    score_words,
     start_episodes,
 )
 from envs.registry import BUILTIN_ENVS, ENTRY_POINT_GROUP, available_envs, make_env
@@ -20,10 +22,12 @@ __all__ = [
     "Episode",
     "RewardBreakdown",
     "RewardFn",
+    "ScoreWords",
     "StepResult",
     "WeightedRewards",
     "available_envs",
     "make_env",
+    "score_words",
     "start_episodes",
     "step_episodes",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
+from envs.sql.grading import SQL_SCORE_WORDS, check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import check_sql_task, format_result, task_messages
 from envs.sql.sandbox import execute
 
@@ -77,6 +77,7 @@ class SqlMultiTurnEnv:
     """Multi-turn text-to-SQL in the style of SkyRL-SQL."""
 
     stop = ("</sql>", "</answer>")  # a turn ends where the env takes over
+    score_words = SQL_SCORE_WORDS
 
     def __init__(
         self,

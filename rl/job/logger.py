@@ -117,6 +117,12 @@ class RunLogger:
         named = {key if key.startswith(f"{stage}/") else f"{stage}/{key}": v for key, v in values.items()}
         self._call_wandb(lambda: self._run.summary.update(named))
 
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        """The run summary's single values (summary.json's accuracies, task count, wall time, and the env's
+        names for its score: ``success_name``, ``eval_tasks_name``) into the W&B run's summary."""
+        values = {key: v for key, v in summary.items() if isinstance(v, (int, float, str))}
+        self._call_wandb(lambda: self._run.summary.update(values))
+
     def wants_samples(self, step: int) -> bool:
         """Whether ``step`` is one whose samples go into the table (every ``sample_every`` steps)."""
         return step % self.sample_every == 0

@@ -37,6 +37,14 @@ EXPECTED = {  # the same numbers worked out by hand as plain floats
     2: {"reward": 0.75, "rewards/sql_exec": 1.0, "kl": 0.0625, "rollout/preemptions": 0.0},
     3: {"reward": -1.5, "rewards/sql_exec": 0.0, "kl": 2.0, "rollout/preemptions": 7.0},
 }
+SUMMARY = {
+    "success_name": "answer accuracy",
+    "eval_tasks_name": "unseen questions",
+    "final_accuracy": 0.5,
+    "num_eval_tasks": 64,
+    "base_accuracy": None,  # a resumed run's
+    "by_label": {"op": {"+": [0.5, 64]}},
+}
 ROWS = [
     SampleRow("SELECT count(*) FROM t?", "SELECT count(*) FROM t;", 1.0),
     SampleRow("Names?", "SELEC", 0.0),
@@ -137,6 +145,7 @@ def test_wandb_offline_run_holds_the_config_the_logged_steps_and_the_samples_tab
         for step, metrics in STEPS.items():
             logger.log(step, metrics)
         logger.log_samples(3, ROWS)
+        logger.log_summary(SUMMARY)
 
     (run_dir,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
     records = finished_wandb_records(next(run_dir.glob("run-*.wandb")))
@@ -159,6 +168,19 @@ def test_wandb_offline_run_holds_the_config_the_logged_steps_and_the_samples_tab
     table = json.loads((run_dir / "files" / history[3]["samples/path"]).read_text())
     assert table["columns"] == ["step", "prompt", "completion", "reward"]
     assert table["data"] == [[3, row.prompt, row.completion, row.reward] for row in ROWS]
+    summary = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "summary":
+            summary.update({item.key: json.loads(item.value_json) for item in record.summary.update})
+    # the run summary's single values, the env's words among them; its tables stay in summary.json
+    assert {key: summary.get(key) for key in SUMMARY} == {
+        "success_name": "answer accuracy",
+        "eval_tasks_name": "unseen questions",
+        "final_accuracy": 0.5,
+        "num_eval_tasks": 64,
+        "base_accuracy": None,
+        "by_label": None,
+    }
 
 
 def test_wandb_failing_at_start_degrades_to_a_warning_and_jsonl_continues(tmp_path, monkeypatch):
