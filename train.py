@@ -50,7 +50,7 @@ from rl.job.data import TaskStream
 from rl.job.eval_sets import HELD_OUT, EvalSet, held_out_tasks, score_eval_set, score_samples, transfer_set
 from rl.job.evaluate import EvalResult, play_eval, succeeded
 from rl.job.export import export_checkpoint
-from rl.job.logger import RunLogger, SampleRow
+from rl.job.logger import ProgressBars, RunLogger, SampleRow
 from rl.job.loop_metrics import (
     StepTimer,
     combine_rank_metrics,
@@ -204,7 +204,30 @@ def set_player(parts: Parts, cfg: DictConfig, play_fn, labels, **params):
     )
 
 
-def run_eval(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int) -> EvalResult:
+def with_progress(play, bars: ProgressBars, desc: str):
+    """`play` (a shard's tasks -> their records) drawing a bar that counts the shard's tasks as they end."""
+
+    def played(tasks):
+        with bars.bar(desc, len(tasks), "task") as bar:
+            return play(tasks, on_done=bar.update)
+
+    return played
+
+
+def eval_desc(eval_set: EvalSet, stage: str, step: int, what: str = "eval") -> str:
+    """What a progress bar of an evaluation says: the set, and the model it scores."""
+    model = {
+        "base": "base model",
+        "sft": f"after {step} warm-start steps",
+        "grpo": f"GRPO step {step}",
+        "checkpoint": f"checkpoint step {step}",
+    }[stage]
+    return f"{eval_set.name.replace('_', '-')} {what}, {model}"
+
+
+def run_eval(
+    parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int, bars: ProgressBars
+) -> EvalResult:
     """Score `eval_set` greedily, sharded over the ranks; its outcomes go to RUN_DIR/evals/."""
     greedy = SamplingParams(
         n=1,
@@ -213,26 +236,32 @@ def run_eval(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step:
         stop=list(getattr(parts.env, "stop", ())) or None,
     )
     play = set_player(parts, cfg, play_eval, eval_set.labels, greedy_params=greedy)
+    play = with_progress(play, bars, eval_desc(eval_set, stage, step))
     return score_eval_set(play, eval_set, parts.dist, cfg.run_dir, stage, step)
 
 
-def run_pass_at_k(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int) -> PassAtK:
+def run_pass_at_k(
+    parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int, bars: ProgressBars
+) -> PassAtK:
     """pass@k of `eval_set` from eval.samples samples per task, drawn as GRPO groups are (one request with
     n=K per task, at the rollout's sampling settings); the per-task counts go to RUN_DIR/evals/."""
     params = replace(sampling_params(cfg, parts.env, step, rank=parts.dist.rank), n=cfg.eval.samples)
     play = set_player(parts, cfg, play_samples, eval_set.labels, params=params)
+    play = with_progress(play, bars, eval_desc(eval_set, stage, step, f"pass@{cfg.eval.samples}"))
     return score_samples(play, eval_set, cfg.eval.samples, parts.dist, cfg.run_dir, stage, step)
 
 
-def eval_point(parts: Parts, cfg: DictConfig, stage: str, step: int, transfer: bool = False) -> EvalPoint:
+def eval_point(
+    parts: Parts, cfg: DictConfig, stage: str, step: int, bars: ProgressBars, transfer: bool = False
+) -> EvalPoint:
     """The held-out set's evaluation, and with `transfer` the transfer set's too (when there is one)."""
     held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
     on_transfer = transfer and parts.transfer is not None
     return EvalPoint(
         stage,
         step,
-        run_eval(parts, cfg, held_out, stage, step),
-        run_eval(parts, cfg, parts.transfer, stage, step) if on_transfer else None,
+        run_eval(parts, cfg, held_out, stage, step, bars),
+        run_eval(parts, cfg, parts.transfer, stage, step, bars) if on_transfer else None,
     )
 
 
@@ -280,28 +309,33 @@ class RunResult:
     summary: dict
 
 
-def supervised_warm_start(parts: Parts, cfg: DictConfig, logger: RunLogger | None) -> None:
+def supervised_warm_start(
+    parts: Parts, cfg: DictConfig, logger: RunLogger | None, bars: ProgressBars
+) -> None:
     """sft.steps supervised steps on the env's demonstrations of training tasks, on the same LoRA adapter
     (its own AdamW); then the adapter is synced into the engine. Under torchrun each rank draws its own
     batches and DDP averages their gradients."""
     demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
     sampler = DemoSampler(demos, cfg.sft.batch_size, seed=cfg.seed + 1_000_003 * parts.dist.rank)
     optimizer = build_optimizer(parts.model, cfg.sft.lr, weight_decay=cfg.trainer.weight_decay)
+    with bars.bar(f"warm start on {len(demos)} demonstrations", cfg.sft.steps, "step") as bar:
 
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        if logger is not None:
-            logger.log_stage("sft", step, metrics)
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}", refresh=False)
+            bar.update()
+            if logger is not None:
+                logger.log_stage("sft", step, metrics)
 
-    warm_start(
-        parts.train_model,
-        optimizer,
-        sampler,
-        cfg.sft.steps,
-        parts.tokenizer.pad_token_id,
-        cfg.trainer.micro_batch_size,
-        cfg.trainer.max_grad_norm,
-        on_step,
-    )
+        warm_start(
+            parts.train_model,
+            optimizer,
+            sampler,
+            cfg.sft.steps,
+            parts.tokenizer.pad_token_id,
+            cfg.trainer.micro_batch_size,
+            cfg.trainer.max_grad_norm,
+            on_step,
+        )
     dp.check_replicas(lora_tensors(parts.model), parts.dist)
     parts.sync.push(lora_tensors(parts.model), version=1)
 
@@ -399,18 +433,20 @@ def log_step(logger: RunLogger, step: int, metrics: dict[str, float], trajectori
         logger.log_samples(step, rows)
 
 
-def stages_before_grpo(parts: Parts, cfg: DictConfig, logger: RunLogger | None, timer: StepTimer):
+def stages_before_grpo(
+    parts: Parts, cfg: DictConfig, logger: RunLogger | None, bars: ProgressBars, timer: StepTimer
+):
     """A fresh run scores the base model, then (sft.steps > 0) runs the warm start and scores it again;
     step 0 of the log holds what GRPO starts from."""
     with timer("eval"):
-        evals = [eval_point(parts, cfg, "base", 0, transfer=True)]
+        evals = [eval_point(parts, cfg, "base", 0, bars, transfer=True)]
     if cfg.sft.steps > 0:
         if logger is not None:
             logger.log_stage("base", 0, evals[-1].metrics())
         with timer("sft"):
-            supervised_warm_start(parts, cfg, logger)
+            supervised_warm_start(parts, cfg, logger, bars)
         with timer("eval"):
-            evals.append(eval_point(parts, cfg, "sft", cfg.sft.steps, transfer=True))
+            evals.append(eval_point(parts, cfg, "sft", cfg.sft.steps, bars, transfer=True))
     if logger is not None:
         logger.log(0, evals[-1].metrics())
     return evals
@@ -434,14 +470,17 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     stream = task_stream(parts, cfg)
     start_step = resume(cfg, parts, optimizer, scheduler, stream)
     logger = open_logger(cfg, start_step) if dist.is_main else None  # rank 0 alone logs and checkpoints
+    bars = logger.bars if logger is not None else ProgressBars(enabled=False)
     timer, history = StepTimer(), []
-    evals = stages_before_grpo(parts, cfg, logger, timer) if start_step == 0 else []
+    evals = stages_before_grpo(parts, cfg, logger, bars, timer) if start_step == 0 else []
+    if logger is not None:
+        logger.start_grpo()
     for step in range(start_step + 1, cfg.num_steps + 1):
         local, trajectories = train_step_metrics(parts, cfg, update, stream, step, timer)
         metrics = combine_rank_metrics(dp.gather_objects(local, dist))
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.num_steps:
             with timer("eval"):
-                evals.append(eval_point(parts, cfg, "grpo", step))  # the transfer set: not here
+                evals.append(eval_point(parts, cfg, "grpo", step, bars))  # the transfer set: not here
             metrics.update(evals[-1].metrics())
         history.append(metrics)
         if logger is None:
@@ -458,10 +497,12 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
                 config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
                 keep_last=cfg.keep_checkpoints,
             )
+    if logger is not None:
+        logger.end_grpo()
     final_eval = cfg.num_steps > 0 or not evals  # num_steps=0: the warm start's evaluation is the last
     if final_eval:
         with timer("eval"):
-            evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, transfer=True))
+            evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, bars, transfer=True))
     words = score_words(parts.env)
     summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps, words)
     if logger is not None:
@@ -480,7 +521,9 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     stage, step = "base", 0
     if cfg.checkpoint:
         stage, step = "checkpoint", load_policy_checkpoint(cfg, parts.model, parts.sync)
-    point = eval_point(parts, cfg, stage, step, transfer=True)  # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
+    bars = ProgressBars(enabled=cfg.logger.progress and dist.is_main)
+    # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
+    point = eval_point(parts, cfg, stage, step, bars, transfer=True)
     success = score_words(parts.env).success
     if dist.is_main:
         print(f"held-out greedy {success} ({cfg.checkpoint or 'base model'}):")
@@ -491,7 +534,7 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
     for eval_set, greedy in [(held_out, point.result), (parts.transfer, point.transfer)]:
         if cfg.eval.samples and greedy is not None:  # counts: RUN_DIR/evals/<set>_passk_<stage>_<step>
-            passk = run_pass_at_k(parts, cfg, eval_set, stage, step)
+            passk = run_pass_at_k(parts, cfg, eval_set, stage, step, bars)
             if dist.is_main:
                 print(
                     f"{eval_set.name} pass@k from {cfg.eval.samples} samples per task at rollout.temperature="

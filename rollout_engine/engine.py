@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -293,19 +294,23 @@ class LLMEngine:
         prompt_token_ids: list[list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        on_finished: Callable[[int], None] | None = None,
     ) -> list[GroupResult]:
         """Sample params.n completions for every prompt; one GroupResult per prompt, in order.
 
         Each prompt is a list of token ids (tokenize text first; a tensor of ids is refused: pass
         tensor.tolist()). Everything is checked before anything is queued, and when a step raises (or the
         run is interrupted) every request of this call is aborted first, so the engine stays usable.
+        ``on_finished(i)`` is called as the samples of prompt i are all finished (a caller's progress).
         """
         checked = self._check_batch(prompt_token_ids, params)
         request_ids: list[int] = []
         try:
             for prompt, (p, stop) in zip(prompt_token_ids, checked, strict=True):
                 request_ids.append(self._queue(prompt, p, stop))
-            results = self._run_to_completion(len(request_ids), sum(p.n for p, _ in checked), use_tqdm)
+            results = self._run_to_completion(
+                request_ids, sum(p.n for p, _ in checked), use_tqdm, on_finished
+            )
         except BaseException:
             for request_id in request_ids:
                 self.abort_request(request_id)
@@ -314,15 +319,22 @@ class LLMEngine:
         return [results[request_id] for request_id in request_ids]
 
     def _run_to_completion(
-        self, num_requests: int, num_samples: int, use_tqdm: bool
+        self,
+        request_ids: list[int],
+        num_samples: int,
+        use_tqdm: bool,
+        on_finished: Callable[[int], None] | None,
     ) -> dict[int, GroupResult]:
         results: dict[int, GroupResult] = {}
+        index_of = {request_id: i for i, request_id in enumerate(request_ids)}
         start, start_tokens = time.perf_counter(), self.num_generated_tokens
         with tqdm(total=num_samples, desc="rollout", unit="sample", disable=not use_tqdm) as bar:
-            while len(results) < num_requests:
+            while len(results) < len(request_ids):
                 for group in self.step().finished:
                     results[group.request_id] = group
                     bar.update(len(group.samples))
+                    if on_finished is not None:
+                        on_finished(index_of[group.request_id])
                 rate = (self.num_generated_tokens - start_tokens) / max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
         return results
