@@ -108,8 +108,8 @@ def play_eval(
     """Play each task once with `greedy_params` (temperature 0, n=1): one outcome per task, in order (the
     keys of repeated tasks are numbered by `mark_repeats` once the whole set is together). The engine's
     prefix cache is dropped afterwards: training never samples the held-out prompts, and an in-process
-    engine gives the memory of their KV blocks back to the trainer's next step. `on_done(1)` is called as
-    each task's episode ends."""
+    engine gives the memory of their KV blocks back to the trainer's next step. `on_done(n)` hears of
+    tasks as their episodes end, n at a time."""
     if not tasks:  # more ranks than held-out tasks: this rank's shard is empty
         return []
     episodes = start_fn(env, tasks)

@@ -70,8 +70,8 @@ def play_samples(
     on_done: Callable[[int], None] | None = None,
 ) -> list[TaskSamples]:
     """Play `params.n` episodes of each task, as one request per task (`play_groups`), and count the
-    successes; the prefix cache is dropped afterwards, as after a greedy evaluation. `on_done(1)` is
-    called as each task's samples are all played."""
+    successes; the prefix cache is dropped afterwards, as after a greedy evaluation. `on_done(n)` hears of
+    tasks as their samples are all played, n at a time."""
     if not tasks:
         return []
     groups = [start_fn(env, [task] * params.n) for task in tasks]

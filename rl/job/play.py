@@ -68,8 +68,8 @@ def play_groups(
     `step_fn(episodes, actions)` steps many episodes at once (envs.step_episodes). An episode ends when the
     environment says done, at its max_turns, or when its completion reaches `max_completion_tokens`
     (truncated). `response_prefix` (an env's declared start of every first reply) ends each prompt, so it
-    is never trained on, and is put back in front of the first action the environment sees. `on_done(1)`
-    is called as each group ends (`GroupCountdown`), for a caller's progress bar.
+    is never trained on, and is put back in front of the first action the environment sees. `on_done(n)`
+    hears of the groups as they end, n at a time (`GroupCountdown`), for a caller's progress bar.
     """
     prompts = [prompt_token_ids(tokenizer, group[0].messages, response_prefix) for group in groups]
     trajectories = [[Trajectory(prompt_ids=list(p)) for _ in g] for p, g in zip(prompts, groups, strict=True)]
@@ -109,7 +109,7 @@ def play_groups(
 
 
 class GroupCountdown:
-    """Counts down each group's episodes as they end and calls `on_done(1)` when a group's last one has.
+    """Counts down each group's episodes as they end and calls `on_done(n)` as the last ones of n groups have.
 
     An episode whose reply comes on its last allowed turn ends with that reply, so it is counted as soon as
     the engine finishes it (progress moves during a long generate call); one that ends earlier, when its
@@ -127,16 +127,18 @@ class GroupCountdown:
         self.ended(key for key in requests[request] if turn >= self.groups[key[0]][key[1]].max_turns)
 
     def ended(self, keys: Iterable[tuple[int, int]]) -> None:
-        """These episodes are over; a group whose episodes are all over is done."""
+        """These episodes are over; the groups whose episodes are now all over are reported at once."""
         if self.on_done is None:
             return
+        num_done = 0
         for key in keys:
             if key in self.counted:
                 continue
             self.counted.add(key)
             self.left[key[0]] -= 1
-            if self.left[key[0]] == 0:
-                self.on_done(1)
+            num_done += self.left[key[0]] == 0
+        if num_done:
+            self.on_done(num_done)
 
 
 def _record_step(traj: Trajectory, step: Any, tokenizer: Any, max_completion_tokens: int) -> None:

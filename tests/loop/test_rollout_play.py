@@ -172,9 +172,10 @@ class OneTry(ExploreThenAnswer):
 def test_each_group_is_reported_done_once_when_its_last_episode_ends(tokenizer):
     """Group 0 explores then answers (one episode) and answers at once (the other); group 1 has one try
     each, so their replies must end it: it is done while the first generate call runs. Group 0 is done
-    after its second turn's step."""
+    after its second turn's step. Groups 2 and 3 answer at once: done together after the first step."""
     events = []
     turn_1 = ["<sql>SELECT 1</sql>", "<answer>no</answer>", "<answer>ok</answer>", "<answer>no</answer>"]
+    turn_1 += ["<answer>ok</answer>"] * 4
     engine = ScriptedEngine(tokenizer, [turn_1, ["<answer>ok</answer>"]])
     generate = engine.generate
 
@@ -186,6 +187,7 @@ def test_each_group_is_reported_done_once_when_its_last_episode_ends(tokenizer):
 
     engine.generate = logged
     groups = [[ExploreThenAnswer(), ExploreThenAnswer()], [OneTry(), OneTry()]]
+    groups += [[ExploreThenAnswer(), ExploreThenAnswer()] for _ in range(2)]
     on_done = events.append
     play_groups(engine, tokenizer, groups, SamplingParams(n=2), step_episodes, 100, on_done=on_done)
-    assert events == ["generate 1", 1, "returned", "generate 2", "returned", 1]
+    assert events == ["generate 1", 1, "returned", 2, "generate 2", "returned", 1]
