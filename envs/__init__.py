@@ -9,7 +9,14 @@ from envs.base import (
     score_words,
     start_episodes,
 )
-from envs.registry import BUILTIN_ENVS, ENTRY_POINT_GROUP, available_envs, make_env
+from envs.registry import (
+    BUILTIN_ENVS,
+    ENTRY_POINT_GROUP,
+    available_envs,
+    make_env,
+    plugin_config_dirs,
+    plugin_env_config,
+)
 from envs.rewards import RewardBreakdown, RewardFn, WeightedRewards
 from envs.stepping import DEFAULT_STEP_TIMEOUT_S, step_episodes
 
@@ -27,6 +34,8 @@ __all__ = [
     "WeightedRewards",
     "available_envs",
     "make_env",
+    "plugin_config_dirs",
+    "plugin_env_config",
     "score_words",
     "start_episodes",
     "step_episodes",

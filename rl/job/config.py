@@ -8,7 +8,8 @@ Only `train.py` reads the config tree; components take flat arguments, or one ty
 own settings live beside it and are assembled here: `rl.algo.losses.LossConfig` (the algo.* keys of the
 update, which `train_step` takes as they are), and `rl.sync.adapter.LoraConfig`, `rl.job.logger.LoggerConfig`
 and `rl.job.curriculum.CurriculumConfig`, whose fields are the defaults of `add_lora`, `RunLogger` and
-`Curriculum`. The choices come from the components' own lists.
+`Curriculum`. The choices come from the components' own lists. An installed env plugin's own config folder
+(`envs.plugin_config_dirs`) joins Hydra's search path after `conf/`, so ``env=<plugin name>`` finds it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING
 
+from envs import plugin_config_dirs
 from rl.algo.advantages import ESTIMATORS, SCALES
 from rl.algo.losses import LossConfig
 from rl.algo.optim import SCHEDULES
@@ -167,8 +172,18 @@ class TrainConfig:
     run_dir: str = MISSING
 
 
+class PluginConfigs(SearchPathPlugin):
+    """Puts each installed env plugin's config folder on Hydra's search path, after conf/ (which wins)."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        for directory in plugin_config_dirs():
+            search_path.append("pagedrl-env-plugin", f"file://{directory}")
+
+
 def register_configs() -> None:
-    """Register the schemas that conf/*.yaml extend through their defaults lists."""
+    """Register the schemas that conf/*.yaml extend through their defaults lists, and the search path of
+    the installed env plugins' own configs."""
+    Plugins.instance().register(PluginConfigs)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     for group, node in [

@@ -102,10 +102,7 @@ sys.modules[PLUGIN.__name__] = PLUGIN
 VOWELS = [
     "env=plugin",
     "env.name=e2e_vowel_env.VowelEnv",
-    "~env.args.max_turns",
     "env.tasks._target_=e2e_vowel_env.vowel_tasks",
-    "~env.tasks.num_tasks",
-    "~env.tasks.seed",
 ]
 SMALL_SQL = "env.tasks.scale=0.05"
 TINY = [
