@@ -29,13 +29,20 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from envs import Env, EnvError, make_env, start_episodes, step_episodes
+from envs import Env, EnvError, make_env, score_words, start_episodes, step_episodes
 from envs.tasks import call_task_source, task_splits
 from rl.algo.advantages import compute_advantages, filter_zero_std_groups
 from rl.algo.optim import build_lr_scheduler, build_optimizer
 from rl.algo.trainer import train_step
 from rl.job import distributed as dp
-from rl.job.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
+from rl.job.checkpoint import (
+    RunDirError,
+    check_checkpoint,
+    check_run_dir,
+    find_latest,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rl.job.config import register_configs
 from rl.job.config_checks import check_config
 from rl.job.curriculum import Curriculum
@@ -43,7 +50,7 @@ from rl.job.data import TaskStream
 from rl.job.eval_sets import HELD_OUT, EvalSet, held_out_tasks, score_eval_set, score_samples, transfer_set
 from rl.job.evaluate import EvalResult, play_eval, succeeded
 from rl.job.export import export_checkpoint
-from rl.job.logger import RunLogger, SampleRow
+from rl.job.logger import ProgressBars, RunLogger, SampleRow
 from rl.job.loop_metrics import (
     StepTimer,
     combine_rank_metrics,
@@ -61,6 +68,7 @@ from rl.settings import ConfigError
 from rl.sync.adapter import add_lora, lora_tensors
 from rl.sync.transport import DistributedSync, InProcessSync
 from rollout_engine import LLMEngine, SamplingParams
+from serve import build_app, listen, run_server
 
 register_configs()
 # what the user can fix: printed as one line; any other exception is a bug and keeps its traceback
@@ -137,13 +145,27 @@ def model_settings(cfg: DictConfig, dist: dp.DistInfo) -> tuple[dict, dict]:
     return model_kwargs, lora_kwargs
 
 
-def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
+def build_policy(cfg: DictConfig, dist: dp.DistInfo):
+    """The model with its LoRA adapter, its tokenizer, and the engine with the transport that syncs the
+    adapter into it (the adapter as it starts: version 0)."""
     model_kwargs, lora_kwargs = model_settings(cfg, dist)
     model, tokenizer = load_model(**model_kwargs)
     model = add_lora(model, **lora_kwargs)
-    train_model = dp.wrap_model(model, dist)
     engine, sync = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
     sync.push(lora_tensors(model), version=0)
+    return model, tokenizer, engine, sync
+
+
+def load_policy_checkpoint(cfg: DictConfig, model, sync) -> int:
+    """cfg.checkpoint's adapter into the model and through the sync into the engine; returns its step."""
+    step = load_checkpoint(cfg.checkpoint, model, restore_rng=False).step
+    sync.push(lora_tensors(model), version=1)
+    return step
+
+
+def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
+    model, tokenizer, engine, sync = build_policy(cfg, dist)
+    train_model = dp.wrap_model(model, dist)
     env = make_env(cfg.env.name, **cfg.env.args)
     tasks = task_splits(call_task_source(cfg.env.tasks), env, cfg.env.tasks.get("_target_"), cfg.seed)
     test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.env.eval_seed)
@@ -182,7 +204,30 @@ def set_player(parts: Parts, cfg: DictConfig, play_fn, labels, **params):
     )
 
 
-def run_eval(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int) -> EvalResult:
+def with_progress(play, bars: ProgressBars, desc: str):
+    """`play` (a shard's tasks -> their records) drawing a bar that counts the shard's tasks as they end."""
+
+    def played(tasks):
+        with bars.bar(desc, len(tasks), "task") as bar:
+            return play(tasks, on_done=bar.update)
+
+    return played
+
+
+def eval_desc(eval_set: EvalSet, stage: str, step: int, what: str = "eval") -> str:
+    """What a progress bar of an evaluation says: the set, and the model it scores."""
+    model = {
+        "base": "base model",
+        "sft": f"after {step} warm-start steps",
+        "grpo": f"GRPO step {step}",
+        "checkpoint": f"checkpoint step {step}",
+    }[stage]
+    return f"{eval_set.name.replace('_', '-')} {what}, {model}"
+
+
+def run_eval(
+    parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int, bars: ProgressBars
+) -> EvalResult:
     """Score `eval_set` greedily, sharded over the ranks; its outcomes go to RUN_DIR/evals/."""
     greedy = SamplingParams(
         n=1,
@@ -191,26 +236,32 @@ def run_eval(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step:
         stop=list(getattr(parts.env, "stop", ())) or None,
     )
     play = set_player(parts, cfg, play_eval, eval_set.labels, greedy_params=greedy)
+    play = with_progress(play, bars, eval_desc(eval_set, stage, step))
     return score_eval_set(play, eval_set, parts.dist, cfg.run_dir, stage, step)
 
 
-def run_pass_at_k(parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int) -> PassAtK:
+def run_pass_at_k(
+    parts: Parts, cfg: DictConfig, eval_set: EvalSet, stage: str, step: int, bars: ProgressBars
+) -> PassAtK:
     """pass@k of `eval_set` from eval.samples samples per task, drawn as GRPO groups are (one request with
     n=K per task, at the rollout's sampling settings); the per-task counts go to RUN_DIR/evals/."""
     params = replace(sampling_params(cfg, parts.env, step, rank=parts.dist.rank), n=cfg.eval.samples)
     play = set_player(parts, cfg, play_samples, eval_set.labels, params=params)
+    play = with_progress(play, bars, eval_desc(eval_set, stage, step, f"pass@{cfg.eval.samples}"))
     return score_samples(play, eval_set, cfg.eval.samples, parts.dist, cfg.run_dir, stage, step)
 
 
-def eval_point(parts: Parts, cfg: DictConfig, stage: str, step: int, transfer: bool = False) -> EvalPoint:
+def eval_point(
+    parts: Parts, cfg: DictConfig, stage: str, step: int, bars: ProgressBars, transfer: bool = False
+) -> EvalPoint:
     """The held-out set's evaluation, and with `transfer` the transfer set's too (when there is one)."""
     held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
     on_transfer = transfer and parts.transfer is not None
     return EvalPoint(
         stage,
         step,
-        run_eval(parts, cfg, held_out, stage, step),
-        run_eval(parts, cfg, parts.transfer, stage, step) if on_transfer else None,
+        run_eval(parts, cfg, held_out, stage, step, bars),
+        run_eval(parts, cfg, parts.transfer, stage, step, bars) if on_transfer else None,
     )
 
 
@@ -258,28 +309,33 @@ class RunResult:
     summary: dict
 
 
-def supervised_warm_start(parts: Parts, cfg: DictConfig, logger: RunLogger | None) -> None:
+def supervised_warm_start(
+    parts: Parts, cfg: DictConfig, logger: RunLogger | None, bars: ProgressBars
+) -> None:
     """sft.steps supervised steps on the env's demonstrations of training tasks, on the same LoRA adapter
     (its own AdamW); then the adapter is synced into the engine. Under torchrun each rank draws its own
     batches and DDP averages their gradients."""
     demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
     sampler = DemoSampler(demos, cfg.sft.batch_size, seed=cfg.seed + 1_000_003 * parts.dist.rank)
     optimizer = build_optimizer(parts.model, cfg.sft.lr, weight_decay=cfg.trainer.weight_decay)
+    with bars.bar(f"warm start on {len(demos)} demonstrations", cfg.sft.steps, "step") as bar:
 
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        if logger is not None:
-            logger.log_stage("sft", step, metrics)
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}", refresh=False)
+            bar.update()
+            if logger is not None:
+                logger.log_stage("sft", step, metrics)
 
-    warm_start(
-        parts.train_model,
-        optimizer,
-        sampler,
-        cfg.sft.steps,
-        parts.tokenizer.pad_token_id,
-        cfg.trainer.micro_batch_size,
-        cfg.trainer.max_grad_norm,
-        on_step,
-    )
+        warm_start(
+            parts.train_model,
+            optimizer,
+            sampler,
+            cfg.sft.steps,
+            parts.tokenizer.pad_token_id,
+            cfg.trainer.micro_batch_size,
+            cfg.trainer.max_grad_norm,
+            on_step,
+        )
     dp.check_replicas(lora_tensors(parts.model), parts.dist)
     parts.sync.push(lora_tensors(parts.model), version=1)
 
@@ -377,18 +433,20 @@ def log_step(logger: RunLogger, step: int, metrics: dict[str, float], trajectori
         logger.log_samples(step, rows)
 
 
-def stages_before_grpo(parts: Parts, cfg: DictConfig, logger: RunLogger | None, timer: StepTimer):
+def stages_before_grpo(
+    parts: Parts, cfg: DictConfig, logger: RunLogger | None, bars: ProgressBars, timer: StepTimer
+):
     """A fresh run scores the base model, then (sft.steps > 0) runs the warm start and scores it again;
     step 0 of the log holds what GRPO starts from."""
     with timer("eval"):
-        evals = [eval_point(parts, cfg, "base", 0, transfer=True)]
+        evals = [eval_point(parts, cfg, "base", 0, bars, transfer=True)]
     if cfg.sft.steps > 0:
         if logger is not None:
             logger.log_stage("base", 0, evals[-1].metrics())
         with timer("sft"):
-            supervised_warm_start(parts, cfg, logger)
+            supervised_warm_start(parts, cfg, logger, bars)
         with timer("eval"):
-            evals.append(eval_point(parts, cfg, "sft", cfg.sft.steps, transfer=True))
+            evals.append(eval_point(parts, cfg, "sft", cfg.sft.steps, bars, transfer=True))
     if logger is not None:
         logger.log(0, evals[-1].metrics())
     return evals
@@ -412,14 +470,17 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     stream = task_stream(parts, cfg)
     start_step = resume(cfg, parts, optimizer, scheduler, stream)
     logger = open_logger(cfg, start_step) if dist.is_main else None  # rank 0 alone logs and checkpoints
+    bars = logger.bars if logger is not None else ProgressBars(enabled=False)
     timer, history = StepTimer(), []
-    evals = stages_before_grpo(parts, cfg, logger, timer) if start_step == 0 else []
+    evals = stages_before_grpo(parts, cfg, logger, bars, timer) if start_step == 0 else []
+    if logger is not None:
+        logger.start_grpo()
     for step in range(start_step + 1, cfg.num_steps + 1):
         local, trajectories = train_step_metrics(parts, cfg, update, stream, step, timer)
         metrics = combine_rank_metrics(dp.gather_objects(local, dist))
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.num_steps:
             with timer("eval"):
-                evals.append(eval_point(parts, cfg, "grpo", step))  # the transfer set: not here
+                evals.append(eval_point(parts, cfg, "grpo", step, bars))  # the transfer set: not here
             metrics.update(evals[-1].metrics())
         history.append(metrics)
         if logger is None:
@@ -436,14 +497,18 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
                 config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
                 keep_last=cfg.keep_checkpoints,
             )
+    if logger is not None:
+        logger.end_grpo()
     final_eval = cfg.num_steps > 0 or not evals  # num_steps=0: the warm start's evaluation is the last
     if final_eval:
         with timer("eval"):
-            evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, transfer=True))
-    summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps)
+            evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, bars, transfer=True))
+    words = score_words(parts.env)
+    summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps, words)
     if logger is not None:
         if final_eval:
             logger.log(cfg.num_steps, evals[-1].metrics())
+        logger.log_summary(summary)
         logger.close()
         write_summary(cfg.run_dir, summary)
         print(summary_text(summary, history, timer))
@@ -455,19 +520,21 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     parts = build_parts(cfg, dist)
     stage, step = "base", 0
     if cfg.checkpoint:
-        stage, step = "checkpoint", load_checkpoint(cfg.checkpoint, parts.model, restore_rng=False).step
-        parts.sync.push(lora_tensors(parts.model), version=1)
-    point = eval_point(parts, cfg, stage, step, transfer=True)  # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
+        stage, step = "checkpoint", load_policy_checkpoint(cfg, parts.model, parts.sync)
+    bars = ProgressBars(enabled=cfg.logger.progress and dist.is_main)
+    # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
+    point = eval_point(parts, cfg, stage, step, bars, transfer=True)
+    success = score_words(parts.env).success
     if dist.is_main:
-        print(f"held-out greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
+        print(f"held-out greedy {success} ({cfg.checkpoint or 'base model'}):")
         print(point.result.table())
         if point.transfer is not None:
-            print(f"transfer set greedy execution accuracy ({cfg.checkpoint or 'base model'}):")
+            print(f"transfer set greedy {success} ({cfg.checkpoint or 'base model'}):")
             print(point.transfer.table())
     held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
     for eval_set, greedy in [(held_out, point.result), (parts.transfer, point.transfer)]:
         if cfg.eval.samples and greedy is not None:  # counts: RUN_DIR/evals/<set>_passk_<stage>_<step>
-            passk = run_pass_at_k(parts, cfg, eval_set, stage, step)
+            passk = run_pass_at_k(parts, cfg, eval_set, stage, step, bars)
             if dist.is_main:
                 print(
                     f"{eval_set.name} pass@k from {cfg.eval.samples} samples per task at rollout.temperature="
@@ -481,12 +548,48 @@ def export_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     export_checkpoint(cfg.checkpoint, cfg.export.dir, *model_settings(cfg, dist), dist.world_size)
 
 
+def check_serving(cfg: DictConfig, dist: dp.DistInfo) -> None:
+    """What mode=serve refuses before its model loads: bad values, torchrun, a checkpoint that is not one."""
+    check_config(cfg)
+    if dist.world_size > 1:
+        raise ConfigError("mode=serve runs in one process: start it with python train.py, not torchrun")
+    if cfg.checkpoint:
+        check_checkpoint(cfg.checkpoint)
+
+
+def serving_engine(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS):
+    """mode=serve's engine, tokenizer and model name: the model with cfg.checkpoint's adapter (the base model
+    without one)."""
+    model, tokenizer, engine, sync = build_policy(cfg, dist)
+    if cfg.checkpoint:
+        load_policy_checkpoint(cfg, model, sync)
+    name = cfg.serve.model_name or cfg.model.path or cfg.model.name.value
+    return engine, tokenizer, name
+
+
+def serve_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
+    """mode=serve: the OpenAI-compatible server over the engine, until Ctrl-C; the port is taken before the
+    model loads, so a busy one fails at once."""
+    check_serving(cfg, dist)
+    s = cfg.serve
+    try:
+        sock = listen(s.host, s.port)
+    except OSError as err:
+        raise ConfigError(f"cannot listen on serve.host={s.host} serve.port={s.port}: {err}") from err
+    engine, tokenizer, name = serving_engine(cfg, dist)
+    host, port = sock.getsockname()[:2]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    print(f"serving {name} ({cfg.checkpoint or 'base model'}) at http://{address}/v1", flush=True)
+    run_server(build_app(engine, tokenizer, name), sock)
+
+
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     torch.manual_seed(cfg.seed)
     try:
         with dp.distributed(cfg.model.device) as dist:
-            {"train": train, "eval": eval_only, "export": export_only}[cfg.mode.value](cfg, dist)
+            modes = {"train": train, "eval": eval_only, "export": export_only, "serve": serve_only}
+            modes[cfg.mode.value](cfg, dist)
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

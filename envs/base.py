@@ -52,12 +52,29 @@ class Env(Protocol):
     that can show an ideal first reply declares ``demonstration(task) -> str | None`` (starting with the
     response prefix); a supervised warm start (``sft.steps``) trains on those before GRPO. An env that
     can tell a task row it cannot play declares ``check_task(task)``, raising ValueError that says why;
-    every row is checked once when the tasks load (``envs.tasks.task_splits``).
+    every row is checked once when the tasks load (``envs.tasks.task_splits``). An env names its held-out
+    score in its own words with ``score_words`` (a ``ScoreWords``), which the run's summary, W&B and
+    ``summary.json`` use.
     """
 
     max_turns: int
 
     def start(self, task: Mapping[str, Any]) -> Episode: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreWords:
+    """How reports name an env's held-out score: ``success`` is the share of tasks solved ("execution
+    accuracy"), ``tasks`` what the held-out tasks are ("tasks on unseen schemas")."""
+
+    success: str = "success rate"
+    tasks: str = "tasks"
+
+
+def score_words(env: object) -> ScoreWords:
+    """The env's declared ``score_words``, or the plain ones."""
+    words = getattr(env, "score_words", None)
+    return words if isinstance(words, ScoreWords) else ScoreWords()
 
 
 def plugin_name(obj: object) -> str:

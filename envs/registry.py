@@ -1,15 +1,24 @@
-"""Finding environments: built-in names, the ``pagedrl.envs`` entry-point group, or ``_target_`` paths."""
+"""Finding environments: built-in names, the ``pagedrl.envs`` entry-point group, or ``_target_`` paths; and
+the Hydra config folders that installed plugins ship.
+
+A plugin may ship its config beside its code: ``conf/env/<name>.yaml`` inside the top-level package of its
+entry point (``pagedrl_arith/conf/env/arith.yaml``), with its task source, eval settings and recipe, so that
+``python train.py env=<name>`` runs it. ``rl.job.config`` puts these folders on Hydra's search path.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from envs.base import Env, EnvError, plugin_name
 
 ENTRY_POINT_GROUP = "pagedrl.envs"
+PLUGIN_CONFIG_DIR = "conf"  # inside a plugin's top-level package
 BUILTIN_ENVS: dict[str, str] = {
     "sql": "envs.sql.single_turn:SqlEnv",
     "sql_multiturn": "envs.sql.multi_turn:SqlMultiTurnEnv",
@@ -22,6 +31,31 @@ def available_envs() -> dict[str, str]:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(ep.name, ep.value)
     return found
+
+
+def plugin_config_dirs() -> list[Path]:
+    """The ``conf/`` folder inside the top-level package of each installed ``pagedrl.envs`` entry point, where
+    there is one (found without importing the plugin), each folder once, in entry-point order."""
+    found: list[Path] = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            spec = importlib.util.find_spec(ep.module.partition(".")[0])
+        except (ImportError, ValueError):  # a broken plugin is reported when it is picked, not here
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            directory = Path(location) / PLUGIN_CONFIG_DIR
+            if directory.is_dir() and directory not in found:
+                found.append(directory)
+    return found
+
+
+def plugin_env_config(name: str) -> Path | None:
+    """The ``env/<name>.yaml`` that an installed plugin ships, or None."""
+    for directory in plugin_config_dirs():
+        path = directory / "env" / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
 
 
 def _import_target(target: str) -> Callable[..., Any]:

@@ -2,6 +2,12 @@
 kernels/cpu for fp32 tensors when they could be built, else the PyTorch reference), "torch" (always the
 PyTorch reference) or "triton" (always the Triton kernel).
 
+Forcing "triton" on CPU tensors runs the Triton kernels under Triton's interpreter (TRITON_INTERPRET=1 in the
+environment before triton is imported; the test suite's conftest sets it): the engine then takes the path it
+takes on CUDA, F.linear, the Triton kernels and the torch sampler, with the CPU-only paths (the MKL-packed
+projections, the C kernels, the merged LoRA pack) off. That is for tests, which rehearse the GPU path on the
+CPU (tests/rollout_engine/test_engine_triton_interpret.py): interpreted kernels are far slower.
+
 triton is optional: pyproject installs it only on Linux x86_64, so on a Mac or an ARM machine the kernel
 modules define no Triton kernels (each guards them with `if HAS_TRITON:`) and "auto" runs the C kernels or
 the PyTorch reference, on CUDA tensors too."""

@@ -1,4 +1,5 @@
-"""The front door: LLMEngine.generate(prompts, SamplingParams) -> one GroupResult per prompt."""
+"""The front door: LLMEngine.generate(prompts, SamplingParams) -> one GroupResult per prompt, built on
+add_request + step, which a server calls itself to hand out each request's tokens as they are produced."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,16 +23,17 @@ from rollout_engine.lora import LoraAdapter
 from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
 from rollout_engine.model_runner import ModelRunner, order_for_step
 from rollout_engine.models import build_paged_model, unwrap_model
-from rollout_engine.outputs import Completion, GroupResult
+from rollout_engine.outputs import Completion, GroupResult, StepOutput, TokenOutput
 from rollout_engine.requests import check_prompt, params_per_prompt
-from rollout_engine.sampler import SamplingBatch, sample
-from rollout_engine.sampling_params import SamplingParams
+from rollout_engine.sampler import SamplingBatch, sample, top_logprobs
+from rollout_engine.sampling_params import SamplingParams, SamplingParamsError
 from rollout_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from rollout_engine.sequence import Sequence
 from rollout_engine.stopping import StopChecker
 from rollout_engine.sync_contract import lora_layers
 
 logger = logging.getLogger(__name__)
+_SampledRow = tuple[int, float, list[tuple[int, float]]]  # a token, its logprob, its alternatives
 
 
 @dataclass(slots=True)
@@ -117,14 +120,16 @@ class LLMEngine:
 
     # requests
 
-    def _check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> StopChecker:
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> StopChecker:
         """The request's finish rules, once its params (validated again: they may have been edited since
-        they were made) and its prompt are known to suit this engine; ValueError otherwise."""
+        they were made) and its prompt are known to suit this engine; SamplingParamsError or PromptError (both
+        ValueErrors) otherwise. It reads only settings fixed at construction, so any thread may call it."""
         params.validate()
         if params.n > self.scheduler.max_num_seqs:
-            raise ValueError(
-                f"n={params.n} samples cannot run together under max_num_seqs={self.scheduler.max_num_seqs}; "
-                "raise max_num_seqs or lower n"
+            raise SamplingParamsError(
+                "n",
+                f"must be at most max_num_seqs={self.scheduler.max_num_seqs} (the samples of a request run "
+                f"together), got {params.n}; raise max_num_seqs or lower n",
             )
         stop = StopChecker(params, self.tokenizer)
         check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
@@ -132,7 +137,7 @@ class LLMEngine:
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """Queue one prompt for params.n samples; returns its request id."""
-        return self._queue(prompt_token_ids, params, self._check_request(prompt_token_ids, params))
+        return self._queue(prompt_token_ids, params, self.check_request(prompt_token_ids, params))
 
     def _queue(self, prompt_token_ids: list[int], params: SamplingParams, stop: StopChecker) -> int:
         """Queue a checked request."""
@@ -171,15 +176,16 @@ class LLMEngine:
 
     # stepping
 
-    def step(self) -> list[GroupResult]:
-        """Run one scheduled batch; returns the groups that finished in it.
+    def step(self) -> StepOutput:
+        """Run one scheduled batch; returns every token it sampled (one per running sample, and a request's
+        first tokens in the step that finishes its prompt) and the groups that finished in it.
 
         A step that raises aborts the requests it was running, whose state it left half-updated, and
         re-raises; the engine goes on serving every other request.
         """
         out = self.scheduler.schedule()
         if not out.scheduled:
-            return []
+            return StepOutput()
         if self.runner.device.type == "cpu":
             adapt_cpu_threads()
         try:
@@ -189,7 +195,7 @@ class LLMEngine:
                 self.abort_request(request_id)
             raise
 
-    def _run(self, out: SchedulerOutput) -> list[GroupResult]:
+    def _run(self, out: SchedulerOutput) -> StepOutput:
         self.runner.copy_blocks(out.copies)
         items = order_for_step(out.scheduled)
         rows_per_item = [
@@ -203,10 +209,15 @@ class LLMEngine:
             [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params], rngs
         )
         tokens, logprobs = sample(logits, batch)
-        values = torch.stack((tokens.double(), logprobs.double())).tolist()  # the step's one sync
+        num_top = max((p.top_logprobs for p in params), default=0)
+        values = [tokens.double(), logprobs.double()]
+        if num_top:  # the alternatives travel in the same sync, as k ids then k logprobs per row
+            top_values, top_ids = top_logprobs(logits, batch.temperatures, num_top)
+            values.append(torch.cat((top_ids.double(), top_values.double()), dim=1).flatten())
+        flat = torch.cat(values).tolist()  # the step's one sync
         for item in items:
             self._advance(item)
-        return self._process_samples(sampling, values[0], values[1])
+        return self._process_samples(sampling, _rows(flat, len(params), num_top))
 
     def _advance(self, item: ScheduledSeq) -> None:
         seq = item.seq
@@ -215,21 +226,28 @@ class LLMEngine:
         seq.num_computed_tokens += item.num_new_tokens
         self.block_manager.mark_computed(seq)
 
-    def _process_samples(
-        self, sampling: list[Sequence], tokens: list[float], logprobs: list[float]
-    ) -> list[GroupResult]:
-        finished: list[GroupResult] = []
-        row = 0
+    def _process_samples(self, sampling: list[Sequence], rows: list[_SampledRow]) -> StepOutput:
+        out = StepOutput()
+        row = iter(rows)
         for seq in sampling:
             group = [seq] + self._fork(seq) if seq.num_samples_at_next_token > 1 else [seq]
             for member in group:
-                member.token_ids.append(int(tokens[row]))
-                member.logprobs.append(logprobs[row])
-                row += 1
-                result = self._check_finished(member)
-                if result is not None:
-                    finished.append(result)
-        return finished
+                token, logprob, top = next(row)
+                top = top[: member.params.top_logprobs]
+                member.token_ids.append(token)
+                member.logprobs.append(logprob)
+                if top:
+                    member.top_logprobs.append(top)
+                self.num_generated_tokens += 1
+                reason = self._finish_reason(member)
+                out.tokens.append(
+                    TokenOutput(member.request_id, member.sample_index, token, logprob, top, reason)
+                )
+                if reason is not None:
+                    group_result = self._finish(member, reason)
+                    if group_result is not None:
+                        out.finished.append(group_result)
+        return out
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """Split a group's prompt sequence into its n samples, all sharing the prompt's blocks."""
@@ -245,17 +263,23 @@ class LLMEngine:
         self.num_blocks_saved_by_sharing += len(children) * num_full_blocks
         return children
 
-    def _check_finished(self, seq: Sequence) -> GroupResult | None:
-        request = self._requests[seq.request_id]
-        self.num_generated_tokens += 1
-        reason = request.stop.finish_reason(seq.completion_token_ids)
+    def _finish_reason(self, seq: Sequence) -> str | None:
+        reason = self._requests[seq.request_id].stop.finish_reason(seq.completion_token_ids)
         if reason is None and seq.num_tokens >= self.max_model_len:
             reason = "length"
-        if reason is None:
-            return None
+        return reason
+
+    def _finish(self, seq: Sequence, reason: str) -> GroupResult | None:
+        """Retire a finished sample; returns its group once every sample of it has finished."""
+        request = self._requests[seq.request_id]
         self.scheduler.finish(seq)
         request.samples[seq.sample_index] = Completion(
-            request.prompt_token_ids, seq.completion_token_ids, seq.logprobs, reason, seq.sample_index
+            request.prompt_token_ids,
+            seq.completion_token_ids,
+            seq.logprobs,
+            reason,
+            seq.sample_index,
+            seq.top_logprobs,
         )
         request.num_finished += 1
         if request.num_finished < len(request.samples):
@@ -270,19 +294,23 @@ class LLMEngine:
         prompt_token_ids: list[list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        on_finished: Callable[[int], None] | None = None,
     ) -> list[GroupResult]:
         """Sample params.n completions for every prompt; one GroupResult per prompt, in order.
 
         Each prompt is a list of token ids (tokenize text first; a tensor of ids is refused: pass
         tensor.tolist()). Everything is checked before anything is queued, and when a step raises (or the
         run is interrupted) every request of this call is aborted first, so the engine stays usable.
+        ``on_finished(i)`` is called as the samples of prompt i are all finished (a caller's progress).
         """
         checked = self._check_batch(prompt_token_ids, params)
         request_ids: list[int] = []
         try:
             for prompt, (p, stop) in zip(prompt_token_ids, checked, strict=True):
                 request_ids.append(self._queue(prompt, p, stop))
-            results = self._run_to_completion(len(request_ids), sum(p.n for p, _ in checked), use_tqdm)
+            results = self._run_to_completion(
+                request_ids, sum(p.n for p, _ in checked), use_tqdm, on_finished
+            )
         except BaseException:
             for request_id in request_ids:
                 self.abort_request(request_id)
@@ -291,15 +319,22 @@ class LLMEngine:
         return [results[request_id] for request_id in request_ids]
 
     def _run_to_completion(
-        self, num_requests: int, num_samples: int, use_tqdm: bool
+        self,
+        request_ids: list[int],
+        num_samples: int,
+        use_tqdm: bool,
+        on_finished: Callable[[int], None] | None,
     ) -> dict[int, GroupResult]:
         results: dict[int, GroupResult] = {}
+        index_of = {request_id: i for i, request_id in enumerate(request_ids)}
         start, start_tokens = time.perf_counter(), self.num_generated_tokens
         with tqdm(total=num_samples, desc="rollout", unit="sample", disable=not use_tqdm) as bar:
-            while len(results) < num_requests:
-                for group in self.step():
+            while len(results) < len(request_ids):
+                for group in self.step().finished:
                     results[group.request_id] = group
                     bar.update(len(group.samples))
+                    if on_finished is not None:
+                        on_finished(index_of[group.request_id])
                 rate = (self.num_generated_tokens - start_tokens) / max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix(tok_s=f"{rate:.0f}", refresh=False)
         return results
@@ -313,7 +348,7 @@ class LLMEngine:
             raise ValueError("requests from add_request are still running: step() them to the end first")
         params_list = params_per_prompt(prompt_token_ids, params)
         return [
-            (p, self._check_request(prompt, p))
+            (p, self.check_request(prompt, p))
             for prompt, p in zip(prompt_token_ids, params_list, strict=True)
         ]
 
@@ -387,3 +422,16 @@ class LLMEngine:
             "packed_weight_bytes": packed_weight_bytes(),
             "packed_weight_bytes_reserved": self.packed_weight_bytes_reserved,
         }
+
+
+def _rows(flat: list[float], num_rows: int, num_top: int) -> list[_SampledRow]:
+    """The step's synced values back into rows: flat holds the rows' tokens, then their logprobs, then per row
+    num_top alternative ids followed by their num_top logprobs."""
+    tokens, logprobs, tops = flat[:num_rows], flat[num_rows : 2 * num_rows], flat[2 * num_rows :]
+    width = 2 * num_top
+    rows = []
+    for i in range(num_rows):
+        top = tops[i * width : (i + 1) * width]
+        pairs = [(int(token), logprob) for token, logprob in zip(top[:num_top], top[num_top:], strict=True)]
+        rows.append((int(tokens[i]), logprobs[i], pairs))
+    return rows

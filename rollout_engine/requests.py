@@ -9,31 +9,36 @@ from __future__ import annotations
 
 from rollout_engine.sampling_params import SamplingParams, is_plain_int
 
+
+class PromptError(ValueError):
+    """A prompt the engine cannot take (not a list of in-vocabulary token ids, empty, or too long)."""
+
+
 _TOKENS_HINT = "tokenize text first, and turn a tensor or array of ids into a list with .tolist()"
 
 
 def check_prompt(prompt_token_ids: list[int], max_model_len: int, vocab_size: int) -> None:
-    """ValueError naming the problem when a prompt is not a non-empty list of in-vocabulary token ids that
-    leaves room to generate within max_model_len."""
+    """PromptError (a ValueError) naming the problem when a prompt is not a non-empty list of in-vocabulary
+    token ids that leaves room to generate within max_model_len."""
     if not isinstance(prompt_token_ids, (list, tuple)):
-        raise ValueError(
+        raise PromptError(
             f"each prompt must be a list of token ids (ints), got a {type(prompt_token_ids).__name__}; "
             + _TOKENS_HINT
         )
     bad = [t for t in prompt_token_ids if not is_plain_int(t)]
     if bad:
-        raise ValueError(
+        raise PromptError(
             f"each prompt must be a list of token ids (ints), got one holding {bad[0]!r}; " + _TOKENS_HINT
         )
     if len(prompt_token_ids) == 0:
-        raise ValueError("empty prompt: every prompt needs at least one token")
+        raise PromptError("empty prompt: every prompt needs at least one token")
     if len(prompt_token_ids) >= max_model_len:
-        raise ValueError(
+        raise PromptError(
             f"prompt of {len(prompt_token_ids)} tokens leaves no room to generate within max_model_len="
             f"{max_model_len}; shorten the prompt or raise max_model_len"
         )
     if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {vocab_size}), the model's vocabulary")
+        raise PromptError(f"prompt token ids must lie in [0, {vocab_size}), the model's vocabulary")
 
 
 def params_per_prompt(

@@ -3,7 +3,8 @@
 Logprob convention (the trainer's importance-sampling correction relies on it): the logprob of a
 sampled token is log_softmax(logits / T)[token] under the temperature-scaled but UNFILTERED
 distribution, i.e. before top-k / top-p truncation. For greedy decoding (T = 0) it is taken at T = 1,
-log_softmax(logits)[token].
+log_softmax(logits)[token]. `top_logprobs` gives the most likely tokens of a row under that same
+distribution, for callers that want the alternatives beside each sampled token.
 
 Sampling draws one uniform number per token from the sample's own `random.Random` (seeded with
 seed + sample index) and inverts the CDF of the filtered distribution, so a sample's tokens depend
@@ -103,3 +104,13 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
     # A sampled (or argmax) token has a probability far above fp32's underflow, so its log is exact enough.
     logprobs = probs.gather(1, tokens[:, None]).squeeze(1).log()
     return tokens, logprobs
+
+
+def top_logprobs(
+    logits: torch.Tensor, temperatures: list[float], k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely tokens of each row of logits [rows, vocab] under log_softmax(logits / T) (T = 1 for
+    greedy rows), the distribution `sample` takes its logprobs from; returns (logprobs [rows, k], token ids
+    [rows, k]), most likely first."""
+    scales = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
+    return torch.log_softmax(logits.float() / scales[:, None], dim=-1).topk(k, dim=-1)

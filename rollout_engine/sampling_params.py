@@ -8,6 +8,17 @@ from dataclasses import dataclass
 # Below this a temperature is greedy in all but name, and logits / T overflow fp32 long before T reaches
 # fp32's smallest values (T = 1e-40 turns the softmax into NaN). vLLM treats T < 1e-5 as greedy.
 MIN_TEMPERATURE = 1e-5
+# The most alternatives a sampled token's logprob may come with (OpenAI's own cap on top_logprobs).
+MAX_TOP_LOGPROBS = 20
+
+
+class SamplingParamsError(ValueError):
+    """A sampling setting the engine cannot take: `field` names it, `problem` says what it accepts."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"SamplingParams.{field} {problem}")
+        self.field = field
+        self.problem = problem
 
 
 @dataclass(slots=True)
@@ -18,7 +29,8 @@ class SamplingParams:
     with seed s draws from its own generator seeded with s + i, so results do not depend on batching.
     stop_token_ids=None stops at the tokenizer's EOS; stop holds strings that end a completion.
     lora="policy" samples with the engine's LoRA adapter (ignored when it has none); None samples the base
-    model, e.g. for a reference or an evaluation of the untrained model.
+    model, e.g. for a reference or an evaluation of the untrained model. top_logprobs=k returns, with each
+    sampled token, the k most likely tokens at its position and their logprobs (0: the sampled token's alone).
     """
 
     n: int = 1
@@ -30,12 +42,14 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     stop: list[str] | None = None
     lora: str | None = "policy"
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the bad field and the values it accepts (bools are not ints here)."""
+        """Raise SamplingParamsError (a ValueError) naming the bad field and the values it accepts (bools are
+        not ints here)."""
         _require(is_plain_int(self.n) and self.n >= 1, "n", "an int >= 1 (samples per prompt)", self.n)
         _require(
             _is_real(self.temperature)
@@ -78,6 +92,12 @@ class SamplingParams:
             self.stop,
         )
         _require(self.lora in ("policy", None), "lora", "'policy' or None (the base model)", self.lora)
+        _require(
+            is_plain_int(self.top_logprobs) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+            "top_logprobs",
+            f"an int in [0, {MAX_TOP_LOGPROBS}] (alternatives returned per sampled token)",
+            self.top_logprobs,
+        )
 
 
 def is_plain_int(value) -> bool:
@@ -95,4 +115,4 @@ def _is_list_of(value, is_item) -> bool:
 
 def _require(ok: bool, field: str, accepted: str, value) -> None:
     if not ok:
-        raise ValueError(f"SamplingParams.{field} must be {accepted}, got {value!r}")
+        raise SamplingParamsError(field, f"must be {accepted}, got {value!r}")

@@ -39,6 +39,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     kv_policy_version: int = 0
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

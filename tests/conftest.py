@@ -1,4 +1,11 @@
-"""Suite-wide settings: offline hub, offline W&B, the `gpu` tier, and the shared default model."""
+"""Suite-wide settings: offline hub, offline W&B, the `gpu` tier, the Triton interpreter on CPU, and the
+shared default model.
+
+triton reads TRITON_INTERPRET when a function is decorated with @triton.jit, which happens when triton itself
+(its tl.sum, tl.max ...) and each kernels module are imported, so the variable is set here, before either is.
+If the process imported triton earlier without it (for instance a script calling pytest.main after importing
+transformers' Llama, which imports triton), the kernels cannot be interpreted: the tests that run Triton on
+CPU tensors (the `interpreter` fixture) then skip and name the fix instead of failing inside triton."""
 
 import os
 
@@ -13,6 +20,16 @@ if not torch.cuda.is_available():
     # Triton decides at decoration time whether to interpret: set it before any kernel module is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import kernels.backend  # noqa: E402
+
+if kernels.backend.HAS_TRITON:
+    import triton.language.standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+INTERPRETER_READY = kernels.backend.INTERPRETED and isinstance(
+    triton.language.standard.sum, InterpretedFunction
+)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -21,6 +38,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def triton_installed() -> None:
+    """Tests that force the Triton backend skip where triton is not installed."""
+    if not kernels.backend.HAS_TRITON:
+        pytest.skip("triton is not installed (pyproject installs it on Linux x86_64 only)")
+
+
+@pytest.fixture
+def interpreter(triton_installed) -> None:
+    """Tests running Triton on CPU tensors need the interpreter, which is left off when CUDA is present."""
+    if torch.cuda.is_available() and not INTERPRETER_READY:
+        pytest.skip(
+            "TRITON_INTERPRET is off because CUDA is present; the -m gpu tests cover the kernels there"
+        )
+    if not INTERPRETER_READY:
+        pytest.skip(
+            "triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot be interpreted: "
+            "run with TRITON_INTERPRET=1 in the environment or start pytest before importing triton"
+        )
 
 
 @pytest.fixture(scope="session")

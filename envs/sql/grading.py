@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
 
+from envs.base import ScoreWords
 from envs.rewards import WeightedRewards
 from envs.sql.match import gold_result, has_top_level_order_by, result_overlap, results_match, run_for_grading
 from envs.sql.prompts import extract_sql
 
+# a held-out success is an execution match; the held-out tasks are on databases that training never sees
+SQL_SCORE_WORDS = ScoreWords(success="execution accuracy", tasks="tasks on unseen schemas")
 _SQL_FENCE = re.compile(r"```[ \t]*sql\b.*?```", re.DOTALL | re.IGNORECASE)
 
 

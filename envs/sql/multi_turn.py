@@ -12,7 +12,7 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
+from envs.sql.grading import SQL_SCORE_WORDS, check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import check_sql_task, format_result, task_messages
 from envs.sql.sandbox import execute
 
@@ -77,6 +77,7 @@ class SqlMultiTurnEnv:
     """Multi-turn text-to-SQL in the style of SkyRL-SQL."""
 
     stop = ("</sql>", "</answer>")  # a turn ends where the env takes over
+    score_words = SQL_SCORE_WORDS
 
     def __init__(
         self,
@@ -106,6 +107,11 @@ class SqlMultiTurnEnv:
     def check_task(self, task: Mapping[str, Any]) -> None:
         """Refuse a task row this env cannot play (see ``prompts.check_sql_task``); run at task load."""
         check_sql_task(task)
+
+    def demonstration(self, task: Mapping[str, Any]) -> str:
+        """The ideal first reply to ``task``: its gold query as the final answer, so a warm start teaches the
+        answer format and the SQL, and GRPO then finds when exploring first pays."""
+        return f"<answer>{task['gold_sql']}</answer>"
 
     def start(self, task: Mapping[str, Any]) -> SqlMultiTurnEpisode:
         """Open an episode; the instructions state the tags and the turn budget."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
+from envs.sql.grading import SQL_SCORE_WORDS, check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, check_sql_task, task_messages
 
 
@@ -44,6 +44,7 @@ class SqlEnv:
     """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``)."""
 
     max_turns = 1
+    score_words = SQL_SCORE_WORDS
 
     def __init__(
         self,

@@ -8,7 +8,8 @@ Only `train.py` reads the config tree; components take flat arguments, or one ty
 own settings live beside it and are assembled here: `rl.algo.losses.LossConfig` (the algo.* keys of the
 update, which `train_step` takes as they are), and `rl.sync.adapter.LoraConfig`, `rl.job.logger.LoggerConfig`
 and `rl.job.curriculum.CurriculumConfig`, whose fields are the defaults of `add_lora`, `RunLogger` and
-`Curriculum`. The choices come from the components' own lists.
+`Curriculum`. The choices come from the components' own lists. An installed env plugin's own config folder
+(`envs.plugin_config_dirs`) joins Hydra's search path after `conf/`, so ``env=<plugin name>`` finds it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import MISSING
 
+from envs import plugin_config_dirs
 from rl.algo.advantages import ESTIMATORS, SCALES
 from rl.algo.losses import LossConfig
 from rl.algo.optim import SCHEDULES
@@ -30,7 +35,7 @@ from rl.sync.adapter import LoraConfig
 
 ModelName = choices("ModelName", MODEL_NAMES)
 DType = choices("DType", ("auto", *DTYPES))
-Mode = choices("Mode", ("train", "eval", "export"))
+Mode = choices("Mode", ("train", "eval", "export", "serve"))
 Placement = choices("Placement", ("inprocess", "process"))
 Estimator = choices("Estimator", ESTIMATORS)
 AdvantageScale = choices("AdvantageScale", SCALES)
@@ -131,6 +136,15 @@ class ExportConfig:
 
 
 @dataclass
+class ServeConfig:
+    """mode=serve: the OpenAI-compatible server over the engine (serve/)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (the start-up line names it)
+    model_name: str | None = None  # what requests' `model` must say (None: model.path, or the model= choice)
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -144,6 +158,7 @@ class TrainConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     mode: Mode = Mode.train
     seed: int = 0
     num_steps: int = 30
@@ -152,12 +167,23 @@ class TrainConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     resume: bool = False
-    checkpoint: str | None = None  # mode=eval: the one to score (None: the base model); export: to merge
+    checkpoint: str | None = None  # mode=eval: the one to score (None: the base model); export: to merge;
+    # serve: the adapter to serve (None: the base model)
     run_dir: str = MISSING
 
 
+class PluginConfigs(SearchPathPlugin):
+    """Puts each installed env plugin's config folder on Hydra's search path, after conf/ (which wins)."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        for directory in plugin_config_dirs():
+            search_path.append("pagedrl-env-plugin", f"file://{directory}")
+
+
 def register_configs() -> None:
-    """Register the schemas that conf/*.yaml extend through their defaults lists."""
+    """Register the schemas that conf/*.yaml extend through their defaults lists, and the search path of
+    the installed env plugins' own configs."""
+    Plugins.instance().register(PluginConfigs)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     for group, node in [

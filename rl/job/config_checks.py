@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from envs import plugin_env_config
 from rl.algo.losses import LOSS_RULES, combination_problems
 from rl.job.model_loading import resolve_device
 from rl.settings import ConfigError, Rule, at_least, fraction, number, optional, positive, rule_problems
@@ -76,6 +77,11 @@ RULES: tuple[Rule, ...] = (
     ("curriculum.min_attempts", at_least(1), "use an integer >= 1"),
     ("logger.samples_every", at_least(1), "use an integer >= 1"),
     ("eval.samples", at_least(0), "use an integer >= 0 (0: greedy accuracy alone; K: pass@k from K samples)"),
+    (
+        "serve.port",
+        lambda v: at_least(0)(v) and v <= 65535,
+        "use a port in [0, 65535] (0: any free port)",
+    ),
 )
 
 
@@ -92,6 +98,11 @@ def config_problems(cfg: DictConfig) -> list[str]:
         problems.append(
             f"algo.group_size={cfg.algo.group_size!r}: use at most rollout.max_num_seqs="
             f"{cfg.rollout.max_num_seqs} (the engine runs the samples of a group together), or raise that"
+        )
+    if cfg.mode.value == "serve" and cfg.rollout.placement.value != "inprocess":
+        problems.append(
+            f"rollout.placement={cfg.rollout.placement.value}: mode=serve steps the engine from the server's "
+            "own thread, so the engine must live in its process; use rollout.placement=inprocess"
         )
     if cfg.eval.samples > cfg.rollout.max_num_seqs:
         problems.append(
@@ -118,9 +129,23 @@ def _transfer_problems(transfer: DictConfig) -> list[str]:
     ]
 
 
+def check_plugin_choice(env: DictConfig) -> None:
+    """Refuse ``env=plugin env.name=NAME`` without a task source when the plugin NAME ships its own config
+    (its task source, eval settings and recipe): ``env=NAME`` is how it runs."""
+    if OmegaConf.is_missing(env, "name") or not OmegaConf.is_missing(env.tasks, "_target_"):
+        return
+    config = plugin_env_config(env.name)
+    if config is not None:
+        raise ConfigError(
+            f"the env plugin {env.name!r} ships its own config ({config}: its task source and recipe); "
+            f"run it with `python train.py env={env.name}` instead of env=plugin env.name={env.name}"
+        )
+
+
 def check_config(cfg: DictConfig) -> None:
-    """Refuse a config with any value out of range (ConfigError), or a model.device this machine lacks
-    (ModelLoadError)."""
+    """Refuse a config that picks a plugin past its own config, or has any value out of range (ConfigError),
+    or a model.device this machine lacks (ModelLoadError)."""
+    check_plugin_choice(cfg.env)
     problems = config_problems(cfg)
     if problems:
         raise ConfigError("config values out of range:\n  " + "\n  ".join(problems))

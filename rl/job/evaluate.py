@@ -103,11 +103,13 @@ def play_eval(
     start_fn: Callable[[Any, Sequence[Any]], list[Any]],
     max_completion_tokens: int,
     labels: Sequence[str] = ("family", "difficulty", "db_id"),
+    on_done: Callable[[int], None] | None = None,
 ) -> list[TaskOutcome]:
     """Play each task once with `greedy_params` (temperature 0, n=1): one outcome per task, in order (the
     keys of repeated tasks are numbered by `mark_repeats` once the whole set is together). The engine's
     prefix cache is dropped afterwards: training never samples the held-out prompts, and an in-process
-    engine gives the memory of their KV blocks back to the trainer's next step."""
+    engine gives the memory of their KV blocks back to the trainer's next step. `on_done(n)` hears of
+    tasks as their episodes end, n at a time."""
     if not tasks:  # more ranks than held-out tasks: this rank's shard is empty
         return []
     episodes = start_fn(env, tasks)
@@ -119,6 +121,7 @@ def play_eval(
         step_fn,
         max_completion_tokens,
         response_prefix=getattr(env, "response_prefix", ""),
+        on_done=on_done,
     )
     drop_prefix_cache = getattr(engine, "reset_prefix_cache", None)  # a remote engine keeps its own
     if drop_prefix_cache is not None:

@@ -1,10 +1,14 @@
-"""The run logger: a local JSONL metrics log always, W&B (offline by default), sample tables, a progress bar.
+"""The run logger: a local JSONL metrics log always, W&B (offline by default), sample tables, progress bars.
 
 ``RUN_DIR/metrics.jsonl`` holds one JSON object per ``log`` call: ``step``, ``time`` (Unix seconds) and the
 metrics under their own names (``reward``, ``rewards/<component>``, ``kl``, ``rollout/tokens_per_s`` ...).
 ``RUN_DIR/samples.jsonl`` holds the sampled prompts, completions and rewards. W&B is a mirror: any failure in
 it becomes one warning, W&B is switched off and the JSONL logs go on. ``RUN_DIR/wandb_run_id`` holds the W&B
 run's id, so a resumed run (``resume=True``) goes on logging into the same W&B run.
+
+Every stage draws its own progress bar (``ProgressBars``): each evaluation over its tasks, the warm start over
+its steps, and GRPO over its steps (from ``start_grpo`` to ``end_grpo``, so it neither sits at 0 while the
+stages before it run nor holds the final evaluation's bar below it). ``logger.progress=false`` draws none.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
@@ -53,6 +57,30 @@ class LoggerConfig:
     progress: bool = True
 
 
+class ProgressBars:
+    """Opens one terminal progress bar per stage on `stream` (stderr when None); draws nothing when
+    `enabled` is False. A bar opened while another is open (an evaluation during GRPO) sits below it and is
+    cleared when it closes; a bar opened alone stays on screen as the record of its stage."""
+
+    def __init__(self, enabled: bool = True, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.stream = stream
+
+    def bar(self, desc: str, total: int, unit: str, initial: int = 0) -> tqdm:
+        """A bar for `total` `unit`s of work named `desc`; use it as a context manager, advance it with
+        ``update(n)``."""
+        return tqdm(
+            total=total,
+            initial=initial,
+            desc=desc,
+            unit=unit,
+            dynamic_ncols=True,
+            file=self.stream,
+            leave=None,  # tqdm: kept when it is the top bar, cleared when it sits below another
+            disable=not self.enabled,
+        )
+
+
 @dataclass(slots=True)
 class SampleRow:
     """One sampled completion for the samples table."""
@@ -78,6 +106,7 @@ class RunLogger:
         sample_every: int = LoggerConfig.samples_every,
         progress: bool = LoggerConfig.progress,
         resume: bool = False,
+        stream: TextIO | None = None,
     ):
         if wandb_mode not in WANDB_MODES:
             raise ValueError(
@@ -91,13 +120,23 @@ class RunLogger:
         self._metrics = _open_for_append(self.run_dir / METRICS_FILE)
         self._samples = _open_for_append(self.run_dir / SAMPLES_FILE)
         self._last_step = start_step
-        self._bar = tqdm(
-            total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress
-        )
+        self._total_steps = total_steps
+        self.bars = ProgressBars(progress, stream)  # every stage's bars, drawn as the logger's settings say
+        self._bar: tqdm | None = None  # GRPO's, from start_grpo on
         self._wandb = None
         self._run = None
         if wandb_mode != "disabled":
             self._start_wandb(project, run_name, wandb_mode, config, wandb_dir, resume)
+
+    def start_grpo(self) -> None:
+        """Open GRPO's progress bar at the run's start step; ``log`` advances it (and opens it if needed)."""
+        if self._bar is None:
+            self._bar = self.bars.bar("GRPO", self._total_steps, "step", initial=self._last_step)
+
+    def end_grpo(self) -> None:
+        """Close GRPO's progress bar for good: what follows (the final evaluation) draws its own."""
+        self.start_grpo()
+        self._bar.close()
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Append one step's metrics (floats, ints, 0-d tensors) to the JSONL log, W&B and the bar."""
@@ -117,6 +156,12 @@ class RunLogger:
         named = {key if key.startswith(f"{stage}/") else f"{stage}/{key}": v for key, v in values.items()}
         self._call_wandb(lambda: self._run.summary.update(named))
 
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        """The run summary's single values (summary.json's accuracies, task count, wall time, and the env's
+        names for its score: ``success_name``, ``eval_tasks_name``) into the W&B run's summary."""
+        values = {key: v for key, v in summary.items() if isinstance(v, (int, float, str))}
+        self._call_wandb(lambda: self._run.summary.update(values))
+
     def wants_samples(self, step: int) -> bool:
         """Whether ``step`` is one whose samples go into the table (every ``sample_every`` steps)."""
         return step % self.sample_every == 0
@@ -132,7 +177,8 @@ class RunLogger:
         """Finish W&B and close the logs and the progress bar; safe to call twice."""
         self._call_wandb(lambda: self._run.finish())
         self._run = None
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
         self._metrics.close()
         self._samples.close()
 
@@ -193,6 +239,7 @@ class RunLogger:
         )
 
     def _advance(self, step: int, values: dict[str, float]) -> None:
+        self.start_grpo()
         if step > self._last_step:
             self._bar.update(step - self._last_step)
             self._last_step = step

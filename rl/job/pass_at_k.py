@@ -67,9 +67,11 @@ def play_samples(
     start_fn: Callable[[Any, Sequence[Any]], list[Any]],
     max_completion_tokens: int,
     labels: Sequence[str] = ("family", "difficulty", "db_id"),
+    on_done: Callable[[int], None] | None = None,
 ) -> list[TaskSamples]:
     """Play `params.n` episodes of each task, as one request per task (`play_groups`), and count the
-    successes; the prefix cache is dropped afterwards, as after a greedy evaluation."""
+    successes; the prefix cache is dropped afterwards, as after a greedy evaluation. `on_done(n)` hears of
+    tasks as their samples are all played, n at a time."""
     if not tasks:
         return []
     groups = [start_fn(env, [task] * params.n) for task in tasks]
@@ -81,6 +83,7 @@ def play_samples(
         step_fn,
         max_completion_tokens,
         response_prefix=getattr(env, "response_prefix", ""),
+        on_done=on_done,
     )
     drop_prefix_cache = getattr(engine, "reset_prefix_cache", None)
     if drop_prefix_cache is not None:

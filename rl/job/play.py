@@ -10,8 +10,9 @@ neither the engine nor the environments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ def play_groups(
     step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
     max_completion_tokens: int,
     response_prefix: str = "",
+    on_done: Callable[[int], None] | None = None,
 ) -> list[list[Trajectory]]:
     """Play every group's episodes to the end; `groups[i]` holds the G episodes of prompt i.
 
@@ -66,13 +68,16 @@ def play_groups(
     `step_fn(episodes, actions)` steps many episodes at once (envs.step_episodes). An episode ends when the
     environment says done, at its max_turns, or when its completion reaches `max_completion_tokens`
     (truncated). `response_prefix` (an env's declared start of every first reply) ends each prompt, so it
-    is never trained on, and is put back in front of the first action the environment sees.
+    is never trained on, and is put back in front of the first action the environment sees. `on_done(n)`
+    hears of the groups as they end, n at a time (`GroupCountdown`), for a caller's progress bar.
     """
     prompts = [prompt_token_ids(tokenizer, group[0].messages, response_prefix) for group in groups]
     trajectories = [[Trajectory(prompt_ids=list(p)) for _ in g] for p, g in zip(prompts, groups, strict=True)]
-    results = engine.generate(prompts, params)
+    countdown = GroupCountdown(groups, on_done)
+    requests = [[(i, g) for g in range(len(group))] for i, group in enumerate(groups)]  # one per group
+    results = engine.generate(prompts, params, on_finished=partial(countdown.replied, requests, 1))
+    active = [key for keys in requests for key in keys]
     samples = [sample for result in results for sample in result.samples]
-    active = [(i, g) for i, group in enumerate(groups) for g in range(len(group))]
     turn = 0
     while active:
         turn += 1
@@ -87,17 +92,53 @@ def play_groups(
         for traj, step in zip(trajs, step_fn(episodes, actions), strict=True):
             _record_step(traj, step, tokenizer, max_completion_tokens)
         still = [(key, t) for key, t, e in zip(active, trajs, episodes, strict=True) if _continues(t, e)]
+        continuing = {key for key, _ in still}
+        countdown.ended(key for key in active if key not in continuing)
         active = [key for key, _ in still]
         if not active:
             break
         continuations = [t.prompt_ids + t.completion_ids for _, t in still]
         room = min(params.max_tokens, max_completion_tokens - max(len(t.completion_ids) for _, t in still))
         next_params = replace(params, n=1, max_tokens=max(room, 1), seed=_turn_seed(params.seed, turn))
-        samples = [r.samples[0] for r in engine.generate(continuations, next_params)]
+        replied = partial(countdown.replied, [[key] for key in active], turn + 1)  # one per episode
+        samples = [r.samples[0] for r in engine.generate(continuations, next_params, on_finished=replied)]
     for group in trajectories:
         for traj in group:
             traj.text = response_prefix + tokenizer.decode(traj.completion_ids, skip_special_tokens=True)
     return trajectories
+
+
+class GroupCountdown:
+    """Counts down each group's episodes as they end and calls `on_done(n)` as the last ones of n groups have.
+
+    An episode whose reply comes on its last allowed turn ends with that reply, so it is counted as soon as
+    the engine finishes it (progress moves during a long generate call); one that ends earlier, when its
+    env says done or its completion runs out of room, is counted after the env's step."""
+
+    def __init__(self, groups: Sequence[Sequence[Any]], on_done: Callable[[int], None] | None) -> None:
+        self.groups = groups
+        self.left = [len(group) for group in groups]
+        self.counted: set[tuple[int, int]] = set()
+        self.on_done = on_done
+
+    def replied(self, requests: Sequence[Sequence[tuple[int, int]]], turn: int, request: int) -> None:
+        """The engine finished request `request` of turn `turn`, which played the episodes
+        `requests[request]` ((group, episode) keys)."""
+        self.ended(key for key in requests[request] if turn >= self.groups[key[0]][key[1]].max_turns)
+
+    def ended(self, keys: Iterable[tuple[int, int]]) -> None:
+        """These episodes are over; the groups whose episodes are now all over are reported at once."""
+        if self.on_done is None:
+            return
+        num_done = 0
+        for key in keys:
+            if key in self.counted:
+                continue
+            self.counted.add(key)
+            self.left[key[0]] -= 1
+            num_done += self.left[key[0]] == 0
+        if num_done:
+            self.on_done(num_done)
 
 
 def _record_step(traj: Trajectory, step: Any, tokenizer: Any, max_completion_tokens: int) -> None:

@@ -7,7 +7,7 @@ engine over torch.distributed after every step, and prompts and results travel o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -57,8 +57,19 @@ class RemoteEngine:
     def __init__(self, sync: DistributedSync) -> None:
         self.sync = sync
 
-    def generate(self, prompt_token_ids: list[list[int]], params: Any) -> list[Any]:
-        return self.sync.call(("generate", prompt_token_ids, params))
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        params: Any,
+        on_finished: Callable[[int], None] | None = None,
+    ) -> list[Any]:
+        """The worker's results; ``on_finished(i)`` hears of every prompt once the whole call is back (the
+        pipe returns results only at the end of a call)."""
+        results = self.sync.call(("generate", prompt_token_ids, params))
+        if on_finished is not None:
+            for i in range(len(results)):
+                on_finished(i)
+        return results
 
     def stats(self) -> dict[str, int]:
         return self.sync.call(("stats",))

@@ -3,8 +3,8 @@
 Reads ``RUN_DIR/metrics.jsonl`` (written by ``rl.job.logger.RunLogger``) and draws the reward, held-out
 accuracy, KL, completion lengths, rollout throughput and the step-time breakdown, each only when its metrics
 are in the log; from ``RUN_DIR/summary.json`` it draws the learning curve over every stage (the base model,
-the warm start, GRPO) with 95% intervals. A step logged twice (a resumed run repeats the steps after its
-checkpoint) keeps its last value.
+the warm start, GRPO) with 95% intervals, and takes the env's names for its score and its tasks. A step
+logged twice (a resumed run repeats the steps after its checkpoint) keeps its last value.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class PlotSpec(NamedTuple):
 
 PLOTS = (
     PlotSpec("reward.png", "Reward", "mean reward", ("reward", "rewards/")),
-    PlotSpec("eval_accuracy.png", "Held-out execution accuracy", "accuracy", ("eval/accuracy",)),
+    PlotSpec("eval_accuracy.png", "Held-out {success}", "{success}", ("eval/accuracy",)),
     PlotSpec("kl.png", "KL to the reference policy", "KL", ("kl",)),
     PlotSpec(
         "completion_lengths.png",
@@ -96,9 +96,24 @@ def stage_metrics(path: str | os.PathLike, stage: str | None) -> Series:
     return series
 
 
+def _read_summary(run_dir: str | os.PathLike) -> dict | None:
+    """The run's summary.json, or None before the run has finished."""
+    path = Path(run_dir) / SUMMARY_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _score_names(summary: dict | None) -> tuple[str, str]:
+    """The env's names for its held-out score and tasks (summary.json's ``success_name`` and
+    ``eval_tasks_name``); plain words for an unfinished run or a summary written before runs kept them."""
+    summary = summary or {}
+    return summary.get("success_name", "accuracy"), summary.get("eval_tasks_name", "tasks")
+
+
 def write_plots(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Report:
     """Write one PNG per plot whose metrics are in the run's log (to RUN_DIR/plots by default)."""
     series = load_metrics(Path(run_dir) / METRICS_FILE)
+    summary = _read_summary(run_dir)
+    success, _ = _score_names(summary)
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
     report = Report()
@@ -107,20 +122,22 @@ def write_plots(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = 
         if not names:
             report.skipped.append(f"{spec.file}: no {' or '.join(spec.metrics)} in the log")
             continue
-        _draw(spec, {name: series[name] for name in names}, series.get("reward_std"), out / spec.file)
+        named = spec._replace(
+            title=spec.title.format(success=success), ylabel=spec.ylabel.format(success=success)
+        )
+        _draw(named, {name: series[name] for name in names}, series.get("reward_std"), out / spec.file)
         report.written.append(out / spec.file)
-    write_learning_curve(run_dir, out, report)
+    write_learning_curve(run_dir, summary, out, report)
     return report
 
 
-def write_learning_curve(run_dir: str | os.PathLike, out: Path, report: Report) -> None:
+def write_learning_curve(run_dir: str | os.PathLike, summary: dict | None, out: Path, report: Report) -> None:
     """learning_curve.png from summary.json: held-out accuracy with its 95% interval at every evaluation,
     the warm start's steps first and GRPO's after them; and the warm start's NLL when the log has it."""
-    path = Path(run_dir) / SUMMARY_FILE
-    if not path.is_file():
+    if summary is None:
         report.skipped.append(f"learning_curve.png: no {SUMMARY_FILE} (the run has not finished)")
         return
-    summary = json.loads(path.read_text())
+    success, tasks = _score_names(summary)
     sft_steps = summary.get("sft_steps", 0)
     figure = Figure(figsize=(7, 4), dpi=100)
     axes = figure.add_subplot()
@@ -140,9 +157,9 @@ def write_learning_curve(run_dir: str | os.PathLike, out: Path, report: Report) 
             axes.plot([start[-1]["step"], x[0]], [start[-1]["accuracy"], y[0]], color=colour)
     if sft_steps:
         axes.axvline(sft_steps, linestyle="--", color="grey", alpha=0.6)
-    title = f"Held-out greedy accuracy ({summary['num_eval_tasks']} tasks, seed {summary['seed']}, 95% CI)"
+    title = f"Held-out greedy {success} ({summary['num_eval_tasks']} {tasks}, seed {summary['seed']}, 95% CI)"
     xlabel = "optimizer step (warm start, then GRPO)" if sft_steps else "GRPO step"
-    axes.set(title=title, xlabel=xlabel, ylabel="execution accuracy")
+    axes.set(title=title, xlabel=xlabel, ylabel=success)
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize="small")
     figure.tight_layout()

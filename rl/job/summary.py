@@ -3,7 +3,9 @@
 Stages: ``base`` (the untouched model, before anything trains), ``sft`` (after the supervised warm start:
 where GRPO starts) and ``grpo`` (every ``eval_every`` GRPO steps and at the end). A transfer set, when one is
 configured, is scored at the base, after the warm start and at the end only; its keys start with
-``transfer_``, and a run without one has none of them.
+``transfer_``, and a run without one has none of them. The score is named in the env's own words
+(``envs.ScoreWords``: "execution accuracy" on "tasks on unseen schemas" for SQL), kept in ``summary.json``
+as ``success_name`` and ``eval_tasks_name``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs import ScoreWords
 from rl.job.evaluate import EvalResult
 from rl.job.loop_metrics import PHASES, StepTimer
 
@@ -84,13 +87,18 @@ def transfer_summary(points: Sequence[EvalPoint], sft_steps: int) -> dict[str, A
     }
 
 
-def run_summary(points: Sequence[EvalPoint], seed: int, wall_s: float, sft_steps: int) -> dict[str, Any]:
+def run_summary(
+    points: Sequence[EvalPoint], seed: int, wall_s: float, sft_steps: int, words: ScoreWords
+) -> dict[str, Any]:
     """The keys of ``summary.json``. ``grpo_start_accuracy`` is where GRPO began: after the warm start when
-    there was one, else the base model (None for either when a resumed run did not see it)."""
+    there was one, else the base model (None for either when a resumed run did not see it). ``words`` are
+    the env's names for its score and its held-out tasks."""
     base = _accuracy_at(points, "base")
     grpo_start = _accuracy_at(points, "sft", last=True) if sft_steps > 0 else base
     final = points[-1].result
     return {
+        "success_name": words.success,
+        "eval_tasks_name": words.tasks,
         "base_accuracy": base,
         "grpo_start_accuracy": grpo_start,
         "final_accuracy": final.accuracy,
@@ -136,7 +144,9 @@ def _stage_accuracies(summary: dict[str, Any], prefix: str = "") -> list[str]:
 
 def _transfer_lines(summary: dict[str, Any]) -> list[str]:
     """The transfer set's accuracy at each stage it was scored at, and by label at the end and the base."""
-    lines = [f"transfer set greedy execution accuracy ({summary['transfer_num_tasks']} tasks, 95% CI):"]
+    lines = [
+        f"transfer set greedy {summary['success_name']} ({summary['transfer_num_tasks']} tasks, 95% CI):"
+    ]
     for point in summary["eval_history"]:
         if "transfer_accuracy" in point:
             low, high = point["transfer_ci95"]
@@ -155,9 +165,8 @@ def summary_text(summary: dict[str, Any], history: Sequence[dict[str, float]], t
     curve, where the time went and peak memory."""
     lines = ["", "=== pagedrl run summary ==="]
     evals = summary["eval_history"]
-    lines.append(
-        f"held-out greedy execution accuracy ({summary['num_eval_tasks']} tasks on unseen schemas, 95% CI):"
-    )
+    tasks = f"{summary['num_eval_tasks']} {summary['eval_tasks_name']}"
+    lines.append(f"held-out greedy {summary['success_name']} ({tasks}, 95% CI):")
     for point in evals:
         low, high = point["ci95"]
         lines.append(

@@ -110,6 +110,23 @@ def _store(port: int, timeout_s: float) -> dist.TCPStore:
     )
 
 
+def device_id(device: torch.device | str) -> str:
+    """Which physical device holds tensors on `device`: "cpu", or "cuda:" and the GPU's UUID, which names the
+    same GPU in every process whatever CUDA_VISIBLE_DEVICES each was given."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    return f"cuda:{torch.cuda.get_device_properties(device).uuid}"
+
+
+def choose_backend(worker_device_id: str, trainer_device_id: str) -> str:
+    """NCCL between two different GPUs; gloo otherwise: when either side is on the CPU, and when both
+    processes share one GPU, which NCCL refuses ("Duplicate GPU detected"): gloo then carries the buckets
+    through host memory."""
+    on_gpus = worker_device_id.startswith("cuda:") and trainer_device_id.startswith("cuda:")
+    return "nccl" if on_gpus and worker_device_id != trainer_device_id else "gloo"
+
+
 def _connect(store: dist.Store, rank: int, backend: str, timeout_s: float) -> dist.ProcessGroup:
     """A two-rank process group of its own, so that it neither needs nor disturbs the default group."""
     timeout = timedelta(seconds=timeout_s)
@@ -180,7 +197,7 @@ def _worker_main(conn, factory, factory_args, port: int, timeout_s: float, bucke
         if not buffers or not all(t.is_contiguous() for t in buffers.values()):
             raise ValueError("The receiver must hold at least one LoRA buffer, all contiguous tensors.")
         device = next(iter(buffers.values())).device
-        conn.send(("ready", tensor_specs(buffers), device.type))
+        conn.send(("ready", tensor_specs(buffers), device_id(device)))
         backend = conn.recv()
         if backend == "nccl":
             torch.cuda.set_device(device)
@@ -217,8 +234,8 @@ class DistributedSync:
     """Trainer side of a rollout worker in another process: LoRA broadcasts in buckets, requests over a pipe.
 
     The worker builds its receiver with ``receiver_factory(*factory_args)`` (a picklable callable or a dotted
-    path ``"package.module:function"``). NCCL carries the buckets when the worker's buffers are on CUDA and
-    this process has CUDA; gloo otherwise.
+    path ``"package.module:function"``). NCCL carries the buckets when the worker's buffers are on a GPU and
+    this process's current GPU is another one; gloo otherwise (`choose_backend`), through host memory.
     """
 
     def __init__(
@@ -244,7 +261,10 @@ class DistributedSync:
         child_conn.close()
         try:
             _, self._specs, worker_device = self._await("ready", startup_timeout_s)
-            self.backend = "nccl" if worker_device == "cuda" and torch.cuda.is_available() else "gloo"
+            trainer_device = (
+                torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+            )
+            self.backend = choose_backend(worker_device, device_id(trainer_device))
             self._conn.send(self.backend)
             self._group = _connect(store, 0, self.backend, timeout_s)
         except BaseException:

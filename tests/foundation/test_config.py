@@ -1,3 +1,4 @@
+import operator
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,9 @@ from rl.job.model_loading import ModelLoadError
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
+# experiment/ is added with +experiment=...; recipe/ is selected by the env files, not on the command line
 GROUP_OPTIONS = sorted(
-    (p.parent.name, p.stem) for p in CONF.glob("*/*.yaml") if p.parent.name != "experiment"
+    (p.parent.name, p.stem) for p in CONF.glob("*/*.yaml") if p.parent.name not in ("experiment", "recipe")
 )
 EXPERIMENTS = sorted(p.stem for p in CONF.glob("experiment/*.yaml"))
 
@@ -50,6 +52,62 @@ def test_long_preset_overrides_the_default_job(compose_train):
     # everything it does not set stays as in the default job
     assert long.model == default.model and long.rollout == default.rollout
     assert long.sft == default.sft and long.curriculum == default.curriculum
+
+
+# The SQL recipe as it stood in conf/train.yaml, where it applied to every env: the default job keeps it
+SQL_RECIPE = {
+    "sft.steps": 20,
+    "curriculum.enabled": True,
+    "curriculum.pool_by": ["family", "difficulty"],
+    "rollout.temperature": 0.8,
+    "rollout.max_tokens": 64,
+    "trainer.lr": 5.0e-5,
+    "num_steps": 40,
+    "prompts_per_step": 8,
+}
+# what the schemas (rl/job/config.py) give an env without a recipe
+NO_RECIPE = {
+    "sft.steps": 0,
+    "curriculum.enabled": False,
+    "curriculum.pool_by": [],
+    "rollout.temperature": 1.0,
+    "rollout.max_tokens": 128,
+    "trainer.lr": 2.0e-5,
+    "num_steps": 40,
+    "prompts_per_step": 8,
+}
+
+
+def recipe_values(cfg) -> dict:
+    job = OmegaConf.to_object(cfg)  # the schemas' dataclasses, lists as lists
+    return {key: operator.attrgetter(key)(job) for key in SQL_RECIPE}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["env=sql"],
+        ["env=sql_multiturn"],
+        ["env=spider", "env.tasks.root=/data"],
+        ["env=spider_multiturn", "env.tasks.root=/data"],
+        ["env=bird", "env.tasks.root=/data"],
+    ],
+)
+def test_the_sql_envs_keep_the_default_jobs_recipe(compose_train, overrides):
+    assert recipe_values(compose_train([*overrides, "run_dir=/tmp/run"])) == SQL_RECIPE
+
+
+def test_a_plugin_env_gets_no_sql_recipe(compose_train):
+    cfg = compose_train(
+        ["env=plugin", "env.name=pkg.Env", "env.tasks._target_=pkg.tasks", "run_dir=/tmp/run"]
+    )
+    assert recipe_values(cfg) == NO_RECIPE
+
+
+def test_the_command_line_still_overrides_a_recipe(compose_train):
+    cfg = compose_train(["sft.steps=0", "rollout.temperature=1.0", "num_steps=3", "run_dir=/tmp/run"])
+    assert recipe_values(cfg) == {**SQL_RECIPE, "sft.steps": 0, "rollout.temperature": 1.0, "num_steps": 3}
 
 
 @pytest.mark.parametrize("group, option", GROUP_OPTIONS)
@@ -124,6 +182,8 @@ def test_every_yaml_holds_values_in_range(compose_train, group, option):
         ("sft.steps=-1", "an integer >= 0"),
         ("sft.batch_size=0", "an integer >= 1"),
         ("sft.lr=-1e-4", "a finite number > 0"),
+        ("serve.port=65536", "a port in [0, 65535] (0: any free port)"),
+        ("serve.port=-1", "a port in [0, 65535] (0: any free port)"),
     ],
 )
 def test_a_value_out_of_range_is_refused_naming_the_key_and_the_range(compose_train, override, accepted):

@@ -78,6 +78,27 @@ def test_tiny_model_does_not_disturb_global_rng():
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.gpu
+def test_tiny_model_does_not_disturb_the_cuda_rng():
+    torch.cuda.manual_seed(123)
+    expected = torch.rand(3, device="cuda")
+    torch.cuda.manual_seed(123)
+    build_tiny_model("tiny_llama", vocab_size=97, seed=0)  # torch.manual_seed seeds every CUDA device too
+    assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_auto_is_the_cuda_device_in_bf16_and_a_gpu_past_the_count_is_named():
+    device = resolve_device("auto")
+    assert device.type == "cuda" and resolve_dtype("auto", device).dtype == torch.bfloat16
+    count = torch.cuda.device_count()
+    assert resolve_device(f"cuda:{count - 1}") == torch.device("cuda", count - 1)
+    with pytest.raises(
+        ModelLoadError, match=rf"sees {count} CUDA GPU\(s\); use one of cuda:0 to cuda:{count - 1}"
+    ):
+        resolve_device(f"cuda:{count}")
+
+
 def test_load_tiny_uses_default_tokenizer_and_logs_the_dtype_it_chose(caplog):
     """auto's choice on this machine's CPU, whichever it is, is the dtype of the weights and is logged; a
     named dtype is taken as it is."""
@@ -141,7 +162,7 @@ def test_hf_loader_reads_a_local_checkpoint(tmp_path, smollm2):
     tiny = build_tiny_model("tiny_qwen2", vocab_size=len(tok), seed=7)
     tiny.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    model, loaded_tok = load_model("hf", path=str(tmp_path))
+    model, loaded_tok = load_model("hf", path=str(tmp_path), dtype="float32")
     reference = tiny.state_dict()
     assert all(torch.equal(v, reference[k]) for k, v in model.state_dict().items())
     assert loaded_tok.chat_template == tok.chat_template

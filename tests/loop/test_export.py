@@ -30,8 +30,12 @@ def train_module():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A tiny_llama checkpoint whose LoRA B (peft starts it at zero) is set to random values, so the merge
-    changes every adapted weight. The LoRA settings are the defaults the composed config holds."""
+    return adapted_checkpoint(tmp_path_factory.mktemp("run"))
+
+
+def adapted_checkpoint(run_dir):
+    """A tiny_llama checkpoint in run_dir whose LoRA B (peft starts it at zero) holds random values, so the
+    adapter changes every adapted weight. The LoRA settings are the defaults the composed config holds."""
     model, _ = load_model("tiny_llama", dtype="float32", device="cpu")
     model = add_lora(model)  # r=16, alpha=32, all seven projections
     generator = torch.Generator().manual_seed(0)
@@ -40,7 +44,7 @@ def checkpoint(tmp_path_factory):
             if "lora_B" in name:
                 param.copy_(0.05 * torch.randn(param.shape, generator=generator))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-    return save_checkpoint(tmp_path_factory.mktemp("run"), 7, model, optimizer)
+    return save_checkpoint(run_dir, 7, model, optimizer)
 
 
 def export_cfg(tmp_path, *overrides):

@@ -102,9 +102,9 @@ def eval_run(tmp_path_factory):
     calls = []
     generate = LLMEngine.generate
 
-    def recording(self, prompts, params=None, use_tqdm=False):
+    def recording(self, prompts, params=None, **kwargs):
         calls.append((len(prompts), params.n, params.temperature))
-        return generate(self, prompts, params, use_tqdm)
+        return generate(self, prompts, params, **kwargs)
 
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):

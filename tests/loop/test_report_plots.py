@@ -7,9 +7,13 @@ import sys
 import matplotlib.image
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 
+from envs import ScoreWords
 from rl.job.logger import RunLogger
 from rl.job.report import ReportError, load_metrics, main, write_plots
+
+WORDS = ScoreWords(success="answer accuracy", tasks="unseen questions")
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIRST_LINE_RGB = np.array([0x1F, 0x77, 0xB4]) / 255  # matplotlib's default first line colour, C0
@@ -129,7 +133,7 @@ def test_report_reads_what_the_run_logger_writes(tmp_path):
     assert_drawn_png(tmp_path / "plots" / "kl.png")
 
 
-def test_learning_curve_spans_the_warm_start_and_grpo_from_the_summary(tmp_path):
+def test_learning_curve_spans_the_warm_start_and_grpo_from_the_summary(tmp_path, monkeypatch):
     from rl.job.evaluate import EvalResult
     from rl.job.summary import EvalPoint, run_summary, write_summary
 
@@ -138,13 +142,33 @@ def test_learning_curve_spans_the_warm_start_and_grpo_from_the_summary(tmp_path)
         EvalPoint("sft", 40, EvalResult(0.3, 0.3, 200)),
     ]
     points += [EvalPoint("grpo", s, EvalResult(0.3 + 0.01 * s, 0.4, 200)) for s in (10, 20, 30)]
-    write_summary(tmp_path, run_summary(points, seed=0, wall_s=10.0, sft_steps=40))
+    write_summary(tmp_path, run_summary(points, seed=0, wall_s=10.0, sft_steps=40, words=WORDS))
     with RunLogger(tmp_path, wandb_mode="disabled", progress=False) as logger:
         for step in range(1, 41):
             logger.log_stage("sft", step, {"sft/nll": 1.0 / step})
-        logger.log(1, {"reward": 0.1})
+        logger.log(1, {"reward": 0.1, "eval/accuracy": 0.31})
+    labels = {}
+    savefig = Figure.savefig
+
+    def labelled(figure, path, *args, **kwargs):
+        labels[path.name] = (figure.axes[0].get_title(), figure.axes[0].get_ylabel())
+        return savefig(figure, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", labelled)
     report = write_plots(tmp_path)
-    assert [p.name for p in report.written] == ["reward.png", "learning_curve.png", "sft_nll.png"]
+    assert [p.name for p in report.written] == [
+        "reward.png",
+        "eval_accuracy.png",
+        "learning_curve.png",
+        "sft_nll.png",
+    ]
+    # the env's own words for its score (summary.json), not SQL's
+    assert labels["learning_curve.png"] == (
+        "Held-out greedy answer accuracy (200 unseen questions, seed 0, 95% CI)",
+        "answer accuracy",
+    )
+    assert labels["eval_accuracy.png"] == ("Held-out answer accuracy", "answer accuracy")
     assert_drawn_png(tmp_path / "plots" / "learning_curve.png")
     assert_drawn_png(tmp_path / "plots" / "sft_nll.png")
-    assert load_metrics(tmp_path / "metrics.jsonl") == {"reward": {1: 0.1}}  # stage records stay apart
+    grpo = {"reward": {1: 0.1}, "eval/accuracy": {1: 0.31}}
+    assert load_metrics(tmp_path / "metrics.jsonl") == grpo  # the warm start's records stay apart

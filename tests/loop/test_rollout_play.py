@@ -26,7 +26,7 @@ class ScriptedEngine:
     def __init__(self, tokenizer, script):
         self.tokenizer, self.script, self.calls = tokenizer, list(script), []
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, on_finished=None):
         self.calls.append(([list(p) for p in prompts], params))
         texts = self.script.pop(0)
         results, k = [], 0
@@ -37,6 +37,9 @@ class ScriptedEngine:
                 samples.append(Completion(list(prompt), ids, [-0.5] * len(ids), "stop", s))
                 k += 1
             results.append(GroupResult(i, list(prompt), samples))
+        for i in reversed(range(len(prompts))):  # the engine finishes requests in any order
+            if on_finished is not None:
+                on_finished(i)
         return results
 
 
@@ -160,3 +163,31 @@ def test_response_prefix_ends_the_prompt_and_opens_only_the_first_action(tokeniz
     )
     assert traj.text.startswith("<sql>SELECT 1</sql>") and traj.reward == 1.0
     assert cont_prompts[0][: len(traj.prompt_ids)] == traj.prompt_ids
+
+
+class OneTry(ExploreThenAnswer):
+    max_turns = 1
+
+
+def test_each_group_is_reported_done_once_when_its_last_episode_ends(tokenizer):
+    """Group 0 explores then answers (one episode) and answers at once (the other); group 1 has one try
+    each, so their replies must end it: it is done while the first generate call runs. Group 0 is done
+    after its second turn's step. Groups 2 and 3 answer at once: done together after the first step."""
+    events = []
+    turn_1 = ["<sql>SELECT 1</sql>", "<answer>no</answer>", "<answer>ok</answer>", "<answer>no</answer>"]
+    turn_1 += ["<answer>ok</answer>"] * 4
+    engine = ScriptedEngine(tokenizer, [turn_1, ["<answer>ok</answer>"]])
+    generate = engine.generate
+
+    def logged(prompts, params, on_finished=None):
+        events.append(f"generate {len(engine.calls) + 1}")
+        results = generate(prompts, params, on_finished)
+        events.append("returned")
+        return results
+
+    engine.generate = logged
+    groups = [[ExploreThenAnswer(), ExploreThenAnswer()], [OneTry(), OneTry()]]
+    groups += [[ExploreThenAnswer(), ExploreThenAnswer()] for _ in range(2)]
+    on_done = events.append
+    play_groups(engine, tokenizer, groups, SamplingParams(n=2), step_episodes, 100, on_done=on_done)
+    assert events == ["generate 1", 1, "returned", 2, "generate 2", "returned", 1]

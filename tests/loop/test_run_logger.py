@@ -1,5 +1,6 @@
 """The run logger: the JSONL log line by line, what W&B offline writes, W&B failures, and the progress bar."""
 
+import io
 import json
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 import wandb
 from wandb.proto import wandb_internal_pb2
 
-from rl.job.logger import RunLogger, SampleRow
+from rl.job.logger import ProgressBars, RunLogger, SampleRow
 
 STEPS = {
     1: {
@@ -36,6 +37,14 @@ EXPECTED = {  # the same numbers worked out by hand as plain floats
     1: {"reward": 0.25, "rewards/sql_exec": 0.5, "kl": 0.125, "rollout/preemptions": 3.0},
     2: {"reward": 0.75, "rewards/sql_exec": 1.0, "kl": 0.0625, "rollout/preemptions": 0.0},
     3: {"reward": -1.5, "rewards/sql_exec": 0.0, "kl": 2.0, "rollout/preemptions": 7.0},
+}
+SUMMARY = {
+    "success_name": "answer accuracy",
+    "eval_tasks_name": "unseen questions",
+    "final_accuracy": 0.5,
+    "num_eval_tasks": 64,
+    "base_accuracy": None,  # a resumed run's
+    "by_label": {"op": {"+": [0.5, 64]}},
 }
 ROWS = [
     SampleRow("SELECT count(*) FROM t?", "SELECT count(*) FROM t;", 1.0),
@@ -137,6 +146,7 @@ def test_wandb_offline_run_holds_the_config_the_logged_steps_and_the_samples_tab
         for step, metrics in STEPS.items():
             logger.log(step, metrics)
         logger.log_samples(3, ROWS)
+        logger.log_summary(SUMMARY)
 
     (run_dir,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
     records = finished_wandb_records(next(run_dir.glob("run-*.wandb")))
@@ -159,6 +169,19 @@ def test_wandb_offline_run_holds_the_config_the_logged_steps_and_the_samples_tab
     table = json.loads((run_dir / "files" / history[3]["samples/path"]).read_text())
     assert table["columns"] == ["step", "prompt", "completion", "reward"]
     assert table["data"] == [[3, row.prompt, row.completion, row.reward] for row in ROWS]
+    summary = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "summary":
+            summary.update({item.key: json.loads(item.value_json) for item in record.summary.update})
+    # the run summary's single values, the env's words among them; its tables stay in summary.json
+    assert {key: summary.get(key) for key in SUMMARY} == {
+        "success_name": "answer accuracy",
+        "eval_tasks_name": "unseen questions",
+        "final_accuracy": 0.5,
+        "num_eval_tasks": 64,
+        "base_accuracy": None,
+        "by_label": None,
+    }
 
 
 def test_wandb_failing_at_start_degrades_to_a_warning_and_jsonl_continues(tmp_path, monkeypatch):
@@ -202,6 +225,51 @@ def test_progress_bar_shows_position_live_reward_tokens_per_second_and_eta(tmp_p
     logger.close()
     assert "3/5" in shown and "reward=0.438" in shown and "tok/s=1234" in shown and "acc=0.500" in shown
     assert "<" in shown  # tqdm's elapsed<remaining (the ETA)
+
+
+def frames(stream: io.StringIO) -> list[str]:
+    """What a terminal showed, redraw by redraw: tqdm starts each one with a carriage return."""
+    return [frame.strip() for frame in stream.getvalue().split("\r") if frame.strip()]
+
+
+def test_a_stage_bar_shows_its_total_from_the_start_and_advances_to_it():
+    stream = io.StringIO()
+    with ProgressBars(stream=stream).bar("held-out eval, base model", 64, "task") as bar:
+        shown_at_start = frames(stream)[-1]
+        for _ in range(64):
+            bar.update(1)
+    assert shown_at_start.startswith("held-out eval, base model:   0%|") and "| 0/64 [" in shown_at_start
+    assert (
+        frames(stream)[-1].startswith("held-out eval, base model: 100%|")
+        and "| 64/64 [" in frames(stream)[-1]
+    )
+    assert stream.getvalue().endswith("\n")  # a bar opened alone stays on screen as its stage's record
+
+
+def test_grpo_bar_is_drawn_from_the_start_of_grpo_to_its_end(tmp_path):
+    stream = io.StringIO()
+    logger = RunLogger(tmp_path, wandb_mode="disabled", total_steps=40, stream=stream)
+    assert stream.getvalue() == ""  # the stages before GRPO draw their own bars meanwhile
+    logger.start_grpo()
+    assert frames(stream)[-1].startswith("GRPO:   0%|") and "| 0/40 [" in frames(stream)[-1]
+    logger.log(1, {"reward": 0.5})
+    logger.end_grpo()
+    assert "| 1/40 [" in frames(stream)[-1] and "reward=0.500" in frames(stream)[-1]
+    drawn = stream.getvalue()
+    logger.log(40, {"eval/accuracy": 0.5})  # the final evaluation's metrics: its own bar showed its progress
+    logger.close()
+    assert stream.getvalue() == drawn
+
+
+def test_progress_off_draws_no_bar_at_all(tmp_path):
+    stream = io.StringIO()
+    logger = RunLogger(tmp_path, wandb_mode="disabled", total_steps=4, progress=False, stream=stream)
+    with logger.bars.bar("warm start", 3, "step") as bar:
+        bar.update(3)
+    logger.start_grpo()
+    logger.log(1, {"reward": 0.5})
+    logger.close()
+    assert stream.getvalue() == ""
 
 
 def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from envs import ScoreWords
+from envs.sql.grading import SQL_SCORE_WORDS
 from rl.job.evaluate import EvalResult, wilson_interval
 from rl.job.loop_metrics import StepTimer
 from rl.job.summary import EvalPoint, run_summary, summary_text, write_summary
@@ -37,7 +39,7 @@ def test_summary_keys_separate_the_warm_start_from_grpo(tmp_path):
         EvalPoint("grpo", 10, result(0.33)),
         EvalPoint("grpo", 20, result(0.37, 0.4, family={"filter": (0.5, 60)})),
     ]
-    summary = run_summary(points, seed=1, wall_s=1500.0, sft_steps=40)
+    summary = run_summary(points, seed=1, wall_s=1500.0, sft_steps=40, words=SQL_SCORE_WORDS)
     assert (summary["base_accuracy"], summary["grpo_start_accuracy"], summary["final_accuracy"]) == (
         0.02,
         0.30,
@@ -54,6 +56,7 @@ def test_summary_keys_separate_the_warm_start_from_grpo(tmp_path):
     timer.add("generate", 30.0)
     timer.add("train", 40.0)
     text = summary_text(summary, [history_step(0.1), history_step(0.3)], timer)
+    assert "held-out greedy execution accuracy (200 tasks on unseen schemas, 95% CI):" in text
     assert "base  step    0: 0.020" in text and "sft   step   40: 0.300" in text
     assert "grpo  step   20: 0.370 [0.306, 0.439]" in text
     assert "grpo_start_accuracy  0.300" in text
@@ -64,9 +67,11 @@ def test_summary_keys_separate_the_warm_start_from_grpo(tmp_path):
 
 
 def test_without_a_warm_start_grpo_starts_at_the_base_and_a_resume_knows_neither():
-    plain = run_summary([EvalPoint("base", 0, result(0.1)), EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0)
+    plain = run_summary(
+        [EvalPoint("base", 0, result(0.1)), EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0, SQL_SCORE_WORDS
+    )
     assert plain["grpo_start_accuracy"] == plain["base_accuracy"] == 0.1
-    resumed = run_summary([EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0)
+    resumed = run_summary([EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0, SQL_SCORE_WORDS)
     assert resumed["base_accuracy"] is None and resumed["grpo_start_accuracy"] is None
     assert "base_accuracy        n/a (resumed run)" in summary_text(resumed, [], StepTimer())
 
@@ -79,7 +84,7 @@ def test_a_transfer_set_adds_its_own_keys_lines_and_tables():
         EvalPoint("grpo", 10, result(0.33)),  # not scored on the transfer set
         EvalPoint("grpo", 20, result(0.37), EvalResult(0.12, 0.1, 50, {"db_id": {"pets": (0.3, 20)}})),
     ]
-    summary = run_summary(points, seed=0, wall_s=10.0, sft_steps=20)
+    summary = run_summary(points, seed=0, wall_s=10.0, sft_steps=20, words=SQL_SCORE_WORDS)
     assert (
         summary["transfer_base_accuracy"],
         summary["transfer_grpo_start_accuracy"],
@@ -104,7 +109,9 @@ def test_a_transfer_set_adds_its_own_keys_lines_and_tables():
 
 
 def test_without_a_transfer_set_the_summary_has_no_transfer_keys():
-    summary = run_summary([EvalPoint("base", 0, result(0.1)), EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0)
+    summary = run_summary(
+        [EvalPoint("base", 0, result(0.1)), EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0, SQL_SCORE_WORDS
+    )
     assert not [key for key in summary if key.startswith("transfer")]
     assert not [key for p in summary["eval_history"] for key in p if key.startswith("transfer")]
     assert "transfer" not in summary_text(summary, [], StepTimer())
@@ -115,8 +122,24 @@ def test_without_a_warm_start_the_transfer_sets_grpo_start_is_its_base():
         EvalPoint("base", 0, result(0.1), EvalResult(0.25, 0.0, 8)),
         EvalPoint("grpo", 5, result(0.2), EvalResult(0.5, 0.0, 8)),
     ]
-    summary = run_summary(points, 0, 1.0, sft_steps=0)
+    summary = run_summary(points, 0, 1.0, sft_steps=0, words=SQL_SCORE_WORDS)
     assert summary["transfer_grpo_start_accuracy"] == summary["transfer_base_accuracy"] == 0.25
-    resumed = run_summary(points[1:], 0, 1.0, sft_steps=0)
+    resumed = run_summary(points[1:], 0, 1.0, sft_steps=0, words=SQL_SCORE_WORDS)
     assert resumed["transfer_base_accuracy"] is None and resumed["transfer_base_by_label"] is None
     assert "transfer_base_accuracy        n/a (resumed run)" in summary_text(resumed, [], StepTimer())
+
+
+def test_the_summary_speaks_of_the_score_in_the_envs_own_words(tmp_path):
+    points = [
+        EvalPoint("base", 0, result(0.0, num_tasks=64)),
+        EvalPoint("grpo", 10, result(0.5, num_tasks=64)),
+    ]
+    words = ScoreWords(success="answer accuracy", tasks="unseen questions")
+    summary = run_summary(points, 0, 1.0, 0, words)
+    assert (summary["success_name"], summary["eval_tasks_name"]) == ("answer accuracy", "unseen questions")
+    assert json.loads(write_summary(tmp_path, summary).read_text())["success_name"] == "answer accuracy"
+    text = summary_text(summary, [], StepTimer())
+    assert "held-out greedy answer accuracy (64 unseen questions, 95% CI):" in text
+    assert "execution" not in text and "schemas" not in text
+    plain = summary_text(run_summary(points, 0, 1.0, 0, ScoreWords()), [], StepTimer())
+    assert "held-out greedy success rate (64 tasks, 95% CI):" in plain

@@ -102,10 +102,7 @@ sys.modules[PLUGIN.__name__] = PLUGIN
 VOWELS = [
     "env=plugin",
     "env.name=e2e_vowel_env.VowelEnv",
-    "~env.args.max_turns",
     "env.tasks._target_=e2e_vowel_env.vowel_tasks",
-    "~env.tasks.num_tasks",
-    "~env.tasks.seed",
 ]
 SMALL_SQL = "env.tasks.scale=0.05"
 TINY = [
@@ -373,3 +370,34 @@ def test_mode_eval_prints_accuracy_with_its_interval_by_family_difficulty_and_sc
     assert "95% CI" in header and overall.split()[0] == "all" and overall.split()[-1] == "6"
     labels = {line.split()[0].split("=")[0] for line in out.splitlines()[3:] if "=" in line.split()[0]}
     assert labels == {"family", "difficulty", "db_id"}
+
+
+def bar_frames(err: str) -> dict[str, list[str]]:
+    """Each progress bar's redraws, by its description, in the order the bars first appeared (tqdm starts
+    each redraw with a carriage return)."""
+    shown: dict[str, list[str]] = {}
+    for frame in (f.strip() for f in err.replace("\n", "\r").split("\r")):
+        if ": " in frame and "%|" in frame:
+            shown.setdefault(frame.split(": ")[0], []).append(frame)
+    return shown
+
+
+def test_with_progress_on_every_stage_shows_a_bar_from_zero_to_its_total(train_module, tmp_path, capsys):
+    stages = ["num_steps=2", "sft.steps=2", "sft.batch_size=4", SMALL_SQL]
+    capsys.readouterr()
+    result = run(train_module, tmp_path / "on", *stages, "logger.progress=true")
+    shown = bar_frames(capsys.readouterr().err)
+    num_demos = len(result.parts.train_tasks)  # every built-in task has its gold query
+    totals = {
+        "held-out eval, base model": "4",  # env.eval_tasks=4
+        f"warm start on {num_demos} demonstrations": "2",
+        "held-out eval, after 2 warm-start steps": "4",
+        "GRPO": "2",
+        "held-out eval, GRPO step 2": "4",
+    }
+    assert list(shown) == list(totals)
+    for desc, total in totals.items():
+        assert f"| 0/{total} [" in shown[desc][0], shown[desc]
+        assert "100%|" in shown[desc][-1] and f"| {total}/{total} [" in shown[desc][-1], shown[desc]
+    run(train_module, tmp_path / "off", *stages, "logger.progress=false")
+    assert bar_frames(capsys.readouterr().err) == {}

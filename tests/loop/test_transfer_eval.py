@@ -103,10 +103,7 @@ sys.modules[PLUGIN.__name__] = PLUGIN
 PARITY = [
     "env=plugin",
     "env.name=e2e_transfer_env.ParityEnv",
-    "~env.args.max_turns",
     "env.tasks._target_=e2e_transfer_env.parity_tasks",
-    "~env.tasks.num_tasks",
-    "~env.tasks.seed",
     "env.eval_tasks=8",
     "num_steps=2",
     "eval_every=1",

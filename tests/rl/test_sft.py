@@ -5,6 +5,7 @@ import torch
 
 from envs.sql.generator import generate_sql_tasks
 from envs.sql.grading import grade_completion
+from envs.sql.multi_turn import SqlMultiTurnEnv
 from envs.sql.single_turn import SqlEnv
 from rl.job.model_loading import load_model
 from rl.job.play import prompt_token_ids
@@ -32,6 +33,14 @@ def test_every_sql_demonstration_is_graded_an_execution_match(sql_tasks):
         text = env.demonstration(task)
         assert text.startswith(PREFIX)
         assert grade_completion(task, text).match, (task["gold_sql"], text)
+
+
+def test_every_multi_turn_demonstration_answers_at_once_with_an_execution_match(sql_tasks):
+    env = SqlMultiTurnEnv()
+    for task in sql_tasks:
+        result = env.start(task).step(env.demonstration(task))
+        assert result.done and result.info["turns"] == 1, task["gold_sql"]
+        assert result.rewards["execution"] == 1.0, task["gold_sql"]
 
 
 def test_a_demonstration_is_the_rollout_prompt_then_the_rest_of_the_gold_reply(sql_tasks, tiny):

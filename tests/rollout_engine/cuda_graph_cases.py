@@ -1,9 +1,11 @@
-"""Decode steps for the CUDA-graph tests: a runner with prefilled sequences, and their next decode step."""
+"""Decode steps for the CUDA-graph tests: a runner with prefilled sequences, and their next decode step; and
+stand-in replays that let a CPU runner take the graph path."""
 
 import random
 
 import torch
 
+from rollout_engine.cuda_graphs import DecodeGraphs
 from rollout_engine.lora import LoraAdapter
 from rollout_engine.model_runner import ModelRunner, order_for_step
 from rollout_engine.models import StepInputs, build_paged_model
@@ -58,3 +60,24 @@ def eager_logits(runner: ModelRunner, inputs: StepInputs) -> torch.Tensor:
     return runner.model(
         inputs.input_ids, inputs.positions, inputs.meta, runner.kv_caches, inputs.logits_indices, inputs.lora
     )
+
+
+class EagerReplay:
+    """A captured graph's stand-in on the CPU: `replay` runs the forward the graph would have captured, over
+    the static buffers as they are now, into the shared logits buffer. It counts its replays."""
+
+    def __init__(self, graphs: DecodeGraphs, size: int) -> None:
+        self.graphs, self.size, self.num_replays = graphs, size, 0
+
+    def replay(self) -> None:
+        self.graphs.logits[: self.size].copy_(self.graphs.forward(self.size))
+        self.num_replays += 1
+
+
+def install_eager_replays(runner: ModelRunner, max_num_seqs: int, max_blocks_per_seq: int) -> DecodeGraphs:
+    """Give a CPU runner decode graphs whose every size replays through an EagerReplay, so its decode-only
+    steps go through DecodeGraphs.run: bucketing, padding the static buffers, selecting the real rows."""
+    graphs = DecodeGraphs(runner.model, runner.kv_caches, max_num_seqs, max_blocks_per_seq)
+    graphs.graphs = {size: EagerReplay(graphs, size) for size in graphs.sizes}
+    runner.graphs = graphs
+    return graphs

@@ -168,3 +168,20 @@ def test_a_large_decode_batch_matches_hf(llama):
     for prompt, group in zip(prompts, results, strict=True):
         expected = hf_greedy(llama, prompt, 8)
         assert all(sample.token_ids == expected for sample in group.samples)
+
+
+def test_on_finished_hears_each_prompt_once_as_its_samples_finish(llama):
+    """Prompts that finish at different steps (max_tokens 2, 6 and 4) are reported in the order they end,
+    each by its index in the call, before generate returns."""
+    engine = make_engine(llama)
+    prompts = random_prompts([5, 7, 9], seed=4)
+    params = [
+        SamplingParams(n=n, temperature=0, max_tokens=m, stop_token_ids=[])
+        for n, m in [(2, 2), (1, 6), (3, 4)]
+    ]
+    heard = []
+    results = engine.generate(
+        prompts, params, on_finished=lambda i: heard.append((i, engine.has_unfinished()))
+    )
+    assert heard == [(0, True), (2, True), (1, False)]
+    assert [len(r.samples) for r in results] == [2, 1, 3]

@@ -229,6 +229,9 @@ def test_bad_input_is_rejected_and_the_engine_keeps_working(llama, prompts, para
         ("stop", [""]),  # the empty string is in every text: it used to end every completion at one token
         ("stop", ["</sql>", 3]),
         ("lora", "other"),
+        ("top_logprobs", -1),
+        ("top_logprobs", 21),
+        ("top_logprobs", True),
     ],
 )
 def test_bad_sampling_params_are_rejected_naming_the_field(field, value):
@@ -279,7 +282,7 @@ def test_a_failed_step_aborts_only_the_requests_it_was_running(llama, monkeypatc
             engine.step()
     finished = []
     while engine.has_unfinished():
-        finished.extend(engine.step())
+        finished.extend(engine.step().finished)
     assert [group.request_id for group in finished] == [waiting_id]
     assert finished[0].samples[0].token_ids == hf_greedy(llama, second, 5)
     assert engine.stats()["num_blocks_used"] == 0
@@ -321,7 +324,7 @@ def test_abort_request_frees_a_running_group_and_the_other_requests_finish(llama
     engine.abort_request(aborted)
     finished = []
     while engine.has_unfinished():
-        finished.extend(engine.step())
+        finished.extend(engine.step().finished)
     assert [group.request_id for group in finished] == [kept]
     assert finished[0].samples[0].token_ids == hf_greedy(llama, second, 8)
     assert engine.stats()["num_blocks_used"] == 0

@@ -15,7 +15,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
 
 from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.kv_pool import allocate_kv_pool, commit_blocks, release_blocks, resident_bytes  # noqa: E402
+from rollout_engine.kv_pool import (  # noqa: E402
+    allocate_kv_pool,
+    commit_blocks,
+    commits_on_write,
+    release_blocks,
+    resident_bytes,
+)
 
 CPU = torch.device("cpu")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="resident pages are counted with mincore")
@@ -190,7 +196,7 @@ def test_a_reset_while_a_request_runs_keeps_its_kv_and_releases_the_rest():
     running_id = engine.add_request(running, SamplingParams(temperature=0.0, max_tokens=40))
     results = {}
     while engine.has_unfinished():
-        for group in engine.step():
+        for group in engine.step().finished:
             results[group.request_id] = group
         if len(results) == 1 and engine.stats()["num_blocks_used"] > 0 and "released" not in results:
             before = engine.stats()["kv_bytes_resident"]
@@ -199,6 +205,18 @@ def test_a_reset_while_a_request_runs_keeps_its_kv_and_releases_the_rest():
             results["released"] = True
     assert "released" in results and engine.stats()["kv_bytes_resident_peak"] >= before
     assert results[running_id].samples[0].token_ids == hf_greedy(model, running, 40)
+
+
+def test_a_pool_off_the_cpu_is_one_allocation_counted_whole_that_release_and_commit_leave_alone():
+    """The branch a CUDA pool takes, on the meta device (shapes and no data), which needs no GPU."""
+    meta = torch.device("meta")
+    assert not commits_on_write(meta)
+    pool = allocate_kv_pool(2, 8, 4, 2, 16, torch.bfloat16, meta)
+    assert pool.device == meta and pool.shape == (2, 2, 8, 4, 2, 16)
+    assert resident_bytes(pool) == pool.numel() * 2
+    release_blocks(pool, range(8))  # would madvise the pool's addresses on the CPU: meta has none
+    commit_blocks(pool, range(8))
+    assert resident_bytes(pool) == pool.numel() * 2
 
 
 @pytest.mark.gpu

@@ -27,7 +27,9 @@ class BufferEngine:
         self.version = version
 
     def handle(self, request: str):
-        return self.version, {name: t.clone() for name, t in self.buffers.items()}
+        """The version and host copies of the buffers (a CUDA tensor would cross the pipe as a handle to
+        memory this process frees)."""
+        return self.version, {name: t.to("cpu", copy=True) for name, t in self.buffers.items()}
 
 
 def tiny_llama(seed: int = 0):

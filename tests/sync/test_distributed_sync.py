@@ -1,4 +1,5 @@
-"""DistributedSync over gloo: a rollout worker in a spawned process follows the trainer's LoRA weights."""
+"""DistributedSync: a rollout worker in a spawned process follows the trainer's LoRA weights, over gloo; on
+GPUs, over gloo when trainer and worker share one GPU (NCCL refuses that) and over NCCL between two GPUs."""
 
 import math
 import sys
@@ -11,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sync_fake_receiver import BufferEngine, PeftEngine, tiny_llama, token_logprobs  # noqa: E402
 
 from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
-from rl.sync.transport import DistributedSync, tensor_specs  # noqa: E402
+from rl.sync.transport import DistributedSync, choose_backend, device_id, tensor_specs  # noqa: E402
 
 TARGETS = ["q_proj", "v_proj", "up_proj"]
 # per layer: q, v and up, each A [4, 64] and B [out, 4], with out = 64, 32, 112; fp32; 2 layers
@@ -84,3 +85,46 @@ def test_dead_worker_gives_an_error_not_a_hang():
             sync.push(named, 13)
         with pytest.raises(RuntimeError, match="not running \\(exit code 3\\)"):
             sync.push(named, 2)
+
+
+def test_nccl_carries_the_buckets_only_between_two_different_gpus():
+    assert choose_backend("cpu", "cpu") == "gloo"
+    assert choose_backend("cuda:GPU-a", "cpu") == "gloo"  # a trainer without CUDA
+    assert choose_backend("cpu", "cuda:GPU-a") == "gloo"
+    assert choose_backend("cuda:GPU-a", "cuda:GPU-a") == "gloo"  # one GPU: NCCL refuses two ranks on it
+    assert choose_backend("cuda:GPU-a", "cuda:GPU-b") == "nccl"
+    assert device_id("cpu") == device_id(torch.device("cpu")) == "cpu"
+
+
+def check_cuda_pushes(worker_device: str, backend: str) -> None:
+    """Pushes of CUDA tensors reach a worker's CUDA buffers: fp32 [4, 8] and bf16 [70, 3], 128 + 420 bytes in
+    3 buckets of at most 256."""
+    named = {
+        "layer.lora_A": torch.randn(4, 8, device="cuda"),
+        "layer.lora_B": torch.randn(70, 3, device="cuda").bfloat16(),
+    }
+    with DistributedSync(
+        BufferEngine, (tensor_specs(named), worker_device), bucket_bytes=256, timeout_s=60
+    ) as sync:
+        assert sync.backend == backend
+        for version in (1, 2):
+            randomize(named, seed=version)
+            assert sync.push(named, version).num_buckets == 3
+            acked, weights = sync.call("weights")
+            assert acked == version and all(torch.equal(weights[n], named[n].cpu()) for n in named)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_a_worker_on_the_trainers_own_gpu_is_synced_over_gloo():
+    check_cuda_pushes("cuda:0", "gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="NCCL between the trainer and its rollout worker needs two GPUs",
+)
+def test_a_worker_on_another_gpu_is_synced_over_nccl():
+    check_cuda_pushes("cuda:1", "nccl")

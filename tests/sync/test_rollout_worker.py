@@ -21,6 +21,7 @@ def test_worker_engine_gives_the_trainers_logprobs_after_each_push(causal_lm_log
     model = add_lora(model, **LORA).eval()
     prompt = [1, 17, 300, 4000, 25, 9]
     greedy = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=[])
+    heard = []  # a caller's progress: every prompt once the call is back
     # 4 KiB buckets: the larger LoRA tensors span several buckets
     with DistributedSync(build_worker, (MODEL, LORA, ENGINE), bucket_bytes=4096, timeout_s=60) as sync:
         remote = RemoteEngine(sync)
@@ -30,8 +31,9 @@ def test_worker_engine_gives_the_trainers_logprobs_after_each_push(causal_lm_log
                 for tensor in lora_tensors(model).values():
                     tensor.copy_(torch.randn(tensor.shape, generator=gen) * 0.3)
             sync.push(lora_tensors(model), version)
-            (group,) = remote.generate([prompt], greedy)
+            (group,) = remote.generate([prompt], greedy, on_finished=heard.append)
             sample = group.samples[0]
             expected = causal_lm_logprobs(model, prompt, sample.token_ids)
             assert torch.allclose(torch.tensor(sample.logprobs), expected, atol=1e-4)
             assert len(sample.token_ids) == 6
+    assert heard == [0, 0, 0]

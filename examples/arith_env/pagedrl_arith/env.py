@@ -1,4 +1,11 @@
-"""An arithmetic environment: one question, an answer in <answer> tags, and retries while turns remain."""
+"""An arithmetic environment: one question, an answer in <answer> tags, and retries while turns remain.
+
+What makes it learnable for a small model in minutes: it shows the ideal first reply (``demonstration``,
+which the warm start trains on: the untouched SmolLM2-135M explains at length and never writes the tag),
+ends a turn at the closing tag (``stop``), and its config (``conf/env/arith.yaml``, with the recipe in
+``conf/recipe/arith.yaml``) asks questions on operands up to 20, as distinct tasks so that no held-out
+question is trained on.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +16,31 @@ from typing import Any
 
 from datasets import Dataset
 
-from envs import StepResult, WeightedRewards
+from envs import ScoreWords, StepResult, WeightedRewards
 
 _ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 _INSTRUCTIONS = "Solve the arithmetic problem. Give only the final integer inside <answer></answer>."
 
 
 def make_tasks(num_tasks: int, seed: int = 0, max_operand: int = 99) -> Dataset:
-    """``num_tasks`` rows with ``question`` ("What is 12 * 7?") and the integer ``answer``."""
+    """``num_tasks`` distinct rows with ``question`` ("What is 12 * 7?"), the integer ``answer`` and the
+    operator ``op``, on operands from 0 to ``max_operand``."""
+    possible = 3 * (max_operand + 1) ** 2
+    if not 0 < num_tasks <= possible:
+        raise ValueError(
+            f"num_tasks={num_tasks}: operands up to {max_operand} make {possible} distinct questions; ask "
+            "for 1 to that many, or raise max_operand"
+        )
     rng = random.Random(seed)
-    rows = []
-    for _ in range(num_tasks):
+    rows, seen = [], set()
+    while len(rows) < num_tasks:
         a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice("+-*")
+        question = f"What is {a} {op} {b}?"
+        if question in seen:
+            continue
+        seen.add(question)
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-        rows.append({"question": f"What is {a} {op} {b}?", "answer": answer})
+        rows.append({"question": question, "answer": answer, "op": op})
     return Dataset.from_list(rows)
 
 
@@ -62,11 +80,18 @@ class ArithEpisode:
 class ArithEnv:
     """Arithmetic questions; ``max_turns`` tries per question."""
 
+    stop = ("</answer>",)  # the answer is complete: the env takes over
+    score_words = ScoreWords(success="answer accuracy", tasks="unseen questions")
+
     def __init__(self, max_turns: int = 2) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
         self.rewards = WeightedRewards({"correct": (correct, 1.0)})
+
+    def demonstration(self, task: Mapping[str, Any]) -> str:
+        """The ideal first reply: the right number in its tag (what the warm start trains on)."""
+        return f"<answer>{task['answer']}</answer>"
 
     def start(self, task: Mapping[str, Any]) -> ArithEpisode:
         return ArithEpisode(task, self.max_turns, self.rewards)

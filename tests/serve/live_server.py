@@ -1,0 +1,84 @@
+"""A live server on a free localhost port over a tiny random Llama with the default model's tokenizer, for
+the official `openai` client, and the transformers references its replies are checked against."""
+
+import threading
+import time
+
+import openai
+import torch
+import uvicorn
+from transformers import AutoModelForCausalLM
+
+from rl.job.model_loading import TINY_CONFIGS
+from rollout_engine import LLMEngine
+from serve import build_app, listen
+
+MODEL = "tiny"
+MAX_MODEL_LEN = 128
+
+
+def tiny_model(vocab_size: int) -> torch.nn.Module:
+    """tiny_llama's shape with peaked random weights: its greedy tokens sit far from ties, and its samples
+    wander over the whole vocabulary (multi-byte characters split across tokens included)."""
+    config = TINY_CONFIGS["tiny_llama"](vocab_size)
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def tiny_engine(model, tokenizer) -> LLMEngine:
+    return LLMEngine(
+        model,
+        tokenizer,
+        memory_budget_bytes=2**30,
+        max_num_seqs=16,
+        max_num_batched_tokens=256,
+        max_model_len=MAX_MODEL_LEN,
+    )
+
+
+class LiveServer:
+    """build_app over `engine`, served by uvicorn on a thread, on a port the OS picked."""
+
+    def __init__(self, engine: LLMEngine, tokenizer, name: str = MODEL) -> None:
+        self.engine = engine
+        sock = listen("127.0.0.1", 0)
+        self.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(build_app(engine, tokenizer, name), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos_token_id: int) -> list[int]:
+    """transformers' greedy continuation, ending at (and keeping) EOS as the engine does."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def hf_log_softmax(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) at each completion position [len(completion), vocab] (T = 1 for greedy)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))

@@ -1,0 +1,102 @@
+"""`python train.py mode=serve checkpoint=...` serves the checkpoint's adapter (greedy replies are peft's
+greedy continuations, not the base model's) on the port it names, and stops cleanly on Ctrl-C; what cannot
+work is refused with one line before the model loads."""
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+from live_server import hf_greedy
+
+from rl.job import distributed as dp
+from rl.job.model_loading import load_model
+from rl.settings import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "loop"))
+from test_export import adapted_checkpoint, peft_reference  # noqa: E402
+from test_train_e2e import compose_cfg, load_train_module  # noqa: E402
+
+from rl.job.config import register_configs  # noqa: E402
+
+PROMPT = [1, 520, 9531, 198, 4093, 17, 88]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return adapted_checkpoint(tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="module")
+def train_module():
+    register_configs()
+    return load_train_module()
+
+
+def serve_cfg(tmp_path, *overrides):
+    return compose_cfg(tmp_path / "run", "mode=serve", *overrides)
+
+
+@pytest.mark.timeout(300)
+def test_the_command_serves_the_checkpoints_adapter_and_stops_on_ctrl_c(checkpoint, tmp_path):
+    command = [
+        sys.executable,
+        "train.py",
+        "mode=serve",
+        "model=tiny_llama",
+        "model.dtype=float32",  # as the fp32 reference below, on any CPU
+        f"checkpoint={checkpoint}",
+        "serve.port=0",
+        "serve.model_name=policy",
+        "rollout.memory_budget_bytes=2000000000",
+        "rollout.max_model_len=256",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not (lines and lines[-1].startswith("serving ")):
+            line = child.stdout.readline()
+            assert line, "the server exited:\n" + "".join(lines)
+            lines.append(line)
+        assert f"serving policy ({checkpoint}) at http://127.0.0.1:" in lines[-1]
+        base_url = lines[-1].split(" at ")[1].strip()
+        client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+        assert [card.id for card in client.models.list().data] == ["policy"]
+        reply = client.completions.create(model="policy", prompt=PROMPT, max_tokens=8, temperature=0)
+    finally:
+        child.send_signal(signal.SIGINT)
+        output, _ = child.communicate(timeout=60)
+    assert child.returncode == 0 and output.endswith("server stopped\n"), output
+    reference = peft_reference(checkpoint)
+    _, tokenizer = load_model("tiny_llama", dtype="float32", device="cpu")
+    adapted = hf_greedy(reference, PROMPT, 8, tokenizer.eos_token_id)
+    with reference.disable_adapter():
+        base = hf_greedy(reference, PROMPT, 8, tokenizer.eos_token_id)
+    assert adapted != base  # the adapter changes the reply, so the check below can fail
+    assert reply.choices[0].text == tokenizer.decode(adapted, skip_special_tokens=True)
+
+
+def test_serve_with_the_engine_in_another_process_is_refused(train_module, tmp_path):
+    cfg = serve_cfg(tmp_path, "rollout.placement=process")
+    with pytest.raises(ConfigError, match="rollout.placement=process: mode=serve steps the engine"):
+        train_module.check_serving(cfg, dp.SINGLE_PROCESS)
+
+
+def test_a_missing_checkpoint_is_refused_before_the_model_loads(train_module, tmp_path):
+    cfg = serve_cfg(tmp_path, f"checkpoint={tmp_path / 'nowhere'}")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train_module.check_serving(cfg, dp.SINGLE_PROCESS)
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(train_module, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "serving_engine", lambda *args: pytest.fail("the model loaded"))
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        cfg = serve_cfg(tmp_path, f"serve.port={port}")
+        with pytest.raises(ConfigError, match=f"cannot listen on serve.host=127.0.0.1 serve.port={port}"):
+            train_module.serve_only(cfg)
