@@ -153,7 +153,7 @@ def grpo_config(job: dict, output_dir: str) -> GRPOConfig:
         shuffle_dataset=False,  # the prompts in our arm's order
         use_vllm=False,
         gradient_checkpointing=False,  # TRL's default is on; ours is off
-        bf16=False,  # fp32 on CPU, as ours
+        bf16=False,  # no autocast: the model runs in the job's model.dtype, as ours does
         use_cpu=not torch.cuda.is_available(),
         seed=job["seed"],
         logging_steps=1,
