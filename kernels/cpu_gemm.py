@@ -237,7 +237,10 @@ def _pack_of(parts: Sequence[PackPart]) -> torch.Tensor | None:
         buffer, refs = pack.packed, pack.refs
     else:
         _packs.pop(key, None)
-        buffer = torch.empty(shape, dtype=buffer_dtype)
+        # a normal tensor: a bf16 pack is refilled by torch's copy_, which an inference tensor refuses outside
+        # inference_mode
+        with torch.inference_mode(False):
+            buffer = torch.empty(shape, dtype=buffer_dtype)
         refs = tuple(weakref.ref(owner, lambda _: _forget(key)) for owner in owners)
     with torch.no_grad():
         if buffer.dtype == torch.uint8:

@@ -109,6 +109,16 @@ def test_a_changed_weight_or_update_is_merged_again_into_the_same_buffer(bf16_ge
     assert after == buffers
 
 
+def test_a_pack_made_in_inference_mode_is_rebuilt_outside_it(gen):
+    weight = bf16_weight(48, 32, gen)
+    x = torch.randn(8, 32, generator=gen).bfloat16()
+    with torch.inference_mode():
+        packed_linear(x, weight)
+    with torch.no_grad():
+        weight.add_(1)
+        assert torch.equal(packed_linear(x, weight), F.linear(x, weight))
+
+
 def test_what_a_bf16_pack_does_not_take_stays_with_f_linear(gen):
     weight, other = bf16_weight(48, 32, gen), bf16_weight(16, 32, gen)
     before = packed_weight_bytes()
