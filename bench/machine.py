@@ -4,7 +4,8 @@ AMX and their extensions, such as avx512_bf16 or avx_vnni), read from /proc/cpui
 from __future__ import annotations
 
 import platform
-from pathlib import Path
+
+from kernels.cpu_library import cpuinfo_text
 
 _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx")
 
@@ -12,8 +13,7 @@ _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx")
 def cpu_description() -> dict[str, str | list[str]]:
     """{"cpu_model": ..., "cpu_isa": [...]}; the platform's processor name and no flags where there is no
     /proc/cpuinfo."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    lines = cpuinfo_text().splitlines()
     fields: dict[str, str] = {}  # the first CPU's
 
     for line in lines:

@@ -46,14 +46,19 @@ def _extra_flags() -> list[str]:
     return os.environ.get("PAGEDRL_CPU_FLAGS", "").split()
 
 
+def cpuinfo_text() -> str:
+    """The text of /proc/cpuinfo; empty where there is none (not Linux), so no CPU flag is assumed."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def _machine_key(compiler: str) -> str:
     """What a -march=native build depends on besides its source: the compiler's version, the CPU and the
     extra flags."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    cpu_flags = ""
-    if Path("/proc/cpuinfo").exists():
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu_flags = next((line for line in lines if line.startswith("flags")), "")
+    cpu_flags = next((line for line in cpuinfo_text().splitlines() if line.startswith("flags")), "")
     return "\n".join((compiler, version, platform.machine(), cpu_flags, *_extra_flags()))
 
 

@@ -31,6 +31,7 @@ from transformers import (
 )
 
 from envs.cache import cache_dir
+from kernels.cpu_library import cpuinfo_text
 from rl.algo.attention import SDPA_GQA
 from rollout_engine.models import SUPPORTED_MODEL_TYPES
 
@@ -103,13 +104,6 @@ def native_bf16_flag(cpuinfo: str) -> str | None:
     return next((f for f in NATIVE_BF16_FLAGS if flag_sets and all(f in flags for flags in flag_sets)), None)
 
 
-def _read_cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: no flags to read, so no native bf16 is assumed
-        return ""
-
-
 def resolve_dtype(dtype: str, device: torch.device, cpuinfo: str | None = None) -> DTypeChoice:
     """`auto` is bf16 on CUDA; on the CPU, bf16 where the CPU multiplies it natively (a NATIVE_BF16_FLAGS flag
     in `cpuinfo`, read from /proc/cpuinfo when None) and fp32 elsewhere. A named dtype is taken as it is."""
@@ -119,7 +113,7 @@ def resolve_dtype(dtype: str, device: torch.device, cpuinfo: str | None = None) 
         if dtype == "auto":
             return DTypeChoice(torch.bfloat16, "a CUDA device")
         return DTypeChoice(DTYPES[dtype], "set by model.dtype")
-    flag = native_bf16_flag(_read_cpuinfo() if cpuinfo is None else cpuinfo)
+    flag = native_bf16_flag(cpuinfo_text() if cpuinfo is None else cpuinfo)
     if flag is not None:
         cpu = f"the CPU has {flag}"
     else:
