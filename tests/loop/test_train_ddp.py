@@ -16,6 +16,8 @@ import pytest
 import torch
 from test_train_e2e import VOWELS, compose_cfg, load_train_module, vowel_tasks
 
+from rl.job import grpo_step as grpo_step_module
+from rl.job import stages
 from rl.job.config import register_configs
 from rl.job.data import TaskStream
 from rl.job.distributed import (
@@ -57,8 +59,8 @@ def rank_main(run_dir: Path, *overrides: str) -> None:
         seen["train" if is_group else "eval"].append(_questions(tasks[:1] if is_group else tasks))
         return original["start_episodes"](env, tasks)
 
-    def train_step_metrics(*args, **kwargs):
-        metrics, trajectories = original["train_step_metrics"](*args, **kwargs)
+    def grpo_step(*args, **kwargs):
+        metrics, trajectories = original["grpo_step"](*args, **kwargs)
         seen["local_metrics"].append(metrics)
         return metrics, trajectories
 
@@ -75,13 +77,14 @@ def rank_main(run_dir: Path, *overrides: str) -> None:
         seen["initial"] = {k: v.clone() for k, v in lora_tensors(parts.model).items()}
         return parts
 
-    hooks = dict(
-        start_episodes=start_episodes, train_step_metrics=train_step_metrics, build_parts=build_parts
-    )
+    hooks = dict(grpo_step=grpo_step, build_parts=build_parts)
     hooks.update(save_checkpoint=save_checkpoint, open_logger=open_logger)
     original = {name: getattr(train, name) for name in hooks}
     for name, hook in hooks.items():
         setattr(train, name, hook)
+    original["start_episodes"] = grpo_step_module.start_episodes
+    for module in (grpo_step_module, stages):  # collect_groups's groups, and the evaluations' shards
+        module.start_episodes = start_episodes
     cfg = compose_cfg(run_dir, *DDP, *overrides)
     torch.manual_seed(cfg.seed)
     with distributed(cfg.model.device) as dist:  # as train.py's main does

@@ -1,0 +1,125 @@
+"""The run's parts, built from the config: the policy (the model with its LoRA adapter), the engine that
+samples it (colocated, or in a rollout-worker process) with the transport that syncs the adapter into it, the
+environment, and the task splits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from datasets import Dataset
+from omegaconf import DictConfig
+from transformers import PreTrainedTokenizerBase
+
+from envs import Env, make_env
+from envs.tasks import call_task_source, task_splits
+from rl.job import distributed as dp
+from rl.job.checkpoint import load_checkpoint
+from rl.job.eval_sets import EvalSet, held_out_tasks, transfer_set
+from rl.job.model_loading import load_model
+from rl.job.remote_engine import RemoteEngine, build_worker
+from rl.settings import ConfigError
+from rl.sync.adapter import add_lora, lora_tensors
+from rl.sync.transport import DistributedSync, InProcessSync
+from rollout_engine import LLMEngine
+
+
+@dataclass
+class Parts:
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    engine: LLMEngine | RemoteEngine
+    sync: InProcessSync | DistributedSync
+    env: Env
+    train_tasks: Dataset
+    test_tasks: Dataset
+    train_model: torch.nn.Module  # what train_step runs: the model, wrapped in DDP under torchrun
+    dist: dp.DistInfo = dp.SINGLE_PROCESS
+    transfer: EvalSet | None = None  # transfer=...: a second held-out set, from another task source
+
+
+def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwargs: dict, dist: dp.DistInfo):
+    """The engine and the transport that hot-syncs LoRA weights into it (colocated, or in a worker)."""
+    r = cfg.rollout
+    engine_kwargs = dict(
+        block_size=r.block_size,
+        memory_fraction=r.memory_fraction,
+        max_num_seqs=r.max_num_seqs,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        memory_budget_bytes=dp.engine_memory_budget(
+            r.memory_budget_bytes, dist.device, dist.local_world_size
+        ),
+        max_model_len=r.max_model_len,
+        enforce_eager=r.enforce_eager,
+    )
+    if dist.is_distributed and r.placement.value != "inprocess":
+        raise ConfigError(
+            "under torchrun each rank colocates its engine with its trainer: drop rollout.placement=process "
+            "(use rollout.placement=inprocess)"
+        )
+    if r.placement.value == "inprocess":
+        try:
+            engine = LLMEngine(model, tokenizer, **engine_kwargs)
+        except ValueError as err:  # the engine refuses its arguments, which are the rollout.* settings
+            raise ConfigError(
+                f"the rollout engine cannot start with these rollout.* settings: {err}"
+            ) from err
+        return engine, InProcessSync(engine)
+    sync = DistributedSync(
+        build_worker,
+        factory_args=(model_kwargs, lora_kwargs, engine_kwargs),
+        bucket_bytes=r.sync_bucket_mb << 20,
+    )
+    return RemoteEngine(sync), sync
+
+
+def model_settings(cfg: DictConfig, dist: dp.DistInfo) -> tuple[dict, dict]:
+    """The arguments of `load_model` and of `add_lora`."""
+    model_kwargs = dict(
+        name=cfg.model.name.value,
+        path=cfg.model.path,
+        dtype=cfg.model.dtype.value,
+        device=dist.device if dist.is_distributed else cfg.model.device,
+        seed=cfg.model.seed,
+    )
+    lora_kwargs = dict(
+        rank=cfg.lora.rank,
+        alpha=cfg.lora.alpha,
+        dropout=cfg.lora.dropout,
+        target_modules=cfg.lora.target_modules,
+        use_rslora=cfg.lora.use_rslora,
+    )
+    return model_kwargs, lora_kwargs
+
+
+def build_policy(cfg: DictConfig, dist: dp.DistInfo):
+    """The model with its LoRA adapter, its tokenizer, and the engine with the transport that syncs the
+    adapter into it (the adapter as it starts: version 0)."""
+    model_kwargs, lora_kwargs = model_settings(cfg, dist)
+    model, tokenizer = load_model(**model_kwargs)
+    model = add_lora(model, **lora_kwargs)
+    engine, sync = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
+    sync.push(lora_tensors(model), version=0)
+    return model, tokenizer, engine, sync
+
+
+def load_policy_checkpoint(cfg: DictConfig, model, sync) -> int:
+    """cfg.checkpoint's adapter into the model and through the sync into the engine; returns its step."""
+    step = load_checkpoint(cfg.checkpoint, model, restore_rng=False).step
+    sync.push(lora_tensors(model), version=1)
+    return step
+
+
+def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
+    """Every part of a run: the policy and its engine, DDP's wrapper under torchrun, the env, its training
+    tasks, the held-out set and the transfer set (when transfer=... names one)."""
+    model, tokenizer, engine, sync = build_policy(cfg, dist)
+    train_model = dp.wrap_model(model, dist)
+    env = make_env(cfg.env.name, **cfg.env.args)
+    tasks = task_splits(call_task_source(cfg.env.tasks), env, cfg.env.tasks.get("_target_"), cfg.seed)
+    test_tasks = held_out_tasks(tasks["test"], cfg.env.eval_tasks, cfg.env.eval_seed)
+    t, transfer = cfg.transfer, None
+    if t.tasks:  # transfer=...: a second held-out set, from another task source
+        source = t.tasks.get("_target_")
+        transfer = transfer_set(call_task_source(t.tasks), env, source, t.eval_tasks, t.eval_seed, t.labels)
+    return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist, transfer)
