@@ -25,9 +25,9 @@ def check_serving(cfg: DictConfig, dist: dp.DistInfo) -> None:
 def serving_engine(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS):
     """mode=serve's engine, tokenizer and model name: the model with cfg.checkpoint's adapter (the base model
     without one)."""
-    model, tokenizer, engine, sync = build_policy(cfg, dist)
+    model, tokenizer, engine = build_policy(cfg, dist)
     if cfg.checkpoint:
-        load_policy_checkpoint(cfg, model, sync)
+        load_policy_checkpoint(cfg, model, engine)
     name = cfg.serve.model_name or cfg.model.path or cfg.model.name.value
     return engine, tokenizer, name
 

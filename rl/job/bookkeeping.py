@@ -23,7 +23,7 @@ def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int:
         return 0
     state = load_checkpoint(latest, parts.model, optimizer, scheduler)
     stream.restore(state.data_position)
-    parts.sync.push(lora_tensors(parts.model), version=state.step + 1)
+    parts.engine.update_lora(lora_tensors(parts.model), version=state.step + 1)
     if parts.dist.is_main:
         print(f"resumed from {latest} at step {state.step}")
     return state.step

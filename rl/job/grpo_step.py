@@ -114,7 +114,7 @@ def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: S
         stats = update(batch)  # 4. the clipped policy-gradient step on the LoRA weights
     with timer("sync"):  # 5. the new adapter into the engine
         dp.check_replicas(lora_tensors(parts.model), parts.dist)
-        sync_stats = parts.sync.push(lora_tensors(parts.model), version=step + 1)
+        sync_stats = parts.engine.update_lora(lora_tensors(parts.model), version=step + 1)
     metrics = {  # 6. what the step did
         **reward_metrics(groups, rewards),
         **stats.as_dict(),

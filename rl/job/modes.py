@@ -21,7 +21,7 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     parts = build_parts(cfg, dist)
     stage, step = "base", 0
     if cfg.checkpoint:
-        stage, step = "checkpoint", load_policy_checkpoint(cfg, parts.model, parts.sync)
+        stage, step = "checkpoint", load_policy_checkpoint(cfg, parts.model, parts.engine)
     bars = ProgressBars(enabled=cfg.logger.progress and dist.is_main)
     # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
     point = eval_point(parts, cfg, stage, step, bars, transfer=True)

@@ -1,10 +1,12 @@
 """The run's parts, built from the config: the policy (the model with its LoRA adapter), the engine that
-samples it (colocated, or in a rollout-worker process) with the transport that syncs the adapter into it, the
-environment, and the task splits."""
+samples it (colocated, or in a rollout-worker process; either one a `RolloutEngine`), the environment, and the
+task splits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from datasets import Dataset
@@ -17,19 +19,40 @@ from rl.job import distributed as dp
 from rl.job.checkpoint import load_checkpoint
 from rl.job.eval_sets import EvalSet, held_out_tasks, transfer_set
 from rl.job.model_loading import load_model
-from rl.job.remote_engine import RemoteEngine, build_worker
+from rl.job.rollout_worker import DistributedSync, RemoteEngine, build_worker
 from rl.settings import ConfigError
 from rl.sync.adapter import add_lora, lora_tensors
-from rl.sync.transport import DistributedSync, InProcessSync
-from rollout_engine import LLMEngine
+from rollout_engine import GroupResult, LLMEngine, SamplingParams
+from rollout_engine.sync_contract import SyncStats
+
+
+class RolloutEngine(Protocol):
+    """What the job asks of an engine, colocated (`LLMEngine`) or in a rollout worker (`RemoteEngine`)."""
+
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        params: SamplingParams,
+        *,
+        on_finished: Callable[[int], None] | None = None,
+    ) -> list[GroupResult]:
+        """One GroupResult of params.n samples per prompt; ``on_finished(i)`` hears of prompt i's end."""
+
+    def stats(self) -> dict[str, int | list[int]]:
+        """Block, cache and memory counters (LLMEngine.stats)."""
+
+    def update_lora(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> SyncStats:
+        """Load new LoRA weights, all checked before any is written, and adopt `version` (above the last)."""
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (the KV of prompts no later step shares)."""
 
 
 @dataclass
 class Parts:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
-    engine: LLMEngine | RemoteEngine
-    sync: InProcessSync | DistributedSync
+    engine: RolloutEngine
     env: Env
     train_tasks: Dataset
     test_tasks: Dataset
@@ -38,8 +61,10 @@ class Parts:
     transfer: EvalSet | None = None  # transfer=...: a second held-out set, from another task source
 
 
-def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwargs: dict, dist: dp.DistInfo):
-    """The engine and the transport that hot-syncs LoRA weights into it (colocated, or in a worker)."""
+def build_engine(
+    model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwargs: dict, dist: dp.DistInfo
+) -> RolloutEngine:
+    """The engine over the model's adapter as it starts (version 0): colocated, or in a rollout worker."""
     r = cfg.rollout
     engine_kwargs = dict(
         block_size=r.block_size,
@@ -64,13 +89,15 @@ def build_engine(model, tokenizer, cfg: DictConfig, model_kwargs: dict, lora_kwa
             raise ConfigError(
                 f"the rollout engine cannot start with these rollout.* settings: {err}"
             ) from err
-        return engine, InProcessSync(engine)
+        return engine  # built from the model, it holds the adapter as it starts
     sync = DistributedSync(
         build_worker,
         factory_args=(model_kwargs, lora_kwargs, engine_kwargs),
         bucket_bytes=r.sync_bucket_mb << 20,
     )
-    return RemoteEngine(sync), sync
+    engine = RemoteEngine(sync)
+    engine.update_lora(lora_tensors(model), version=0)  # the worker's own adapter starts elsewhere
+    return engine
 
 
 def model_settings(cfg: DictConfig, dist: dp.DistInfo) -> tuple[dict, dict]:
@@ -93,27 +120,25 @@ def model_settings(cfg: DictConfig, dist: dp.DistInfo) -> tuple[dict, dict]:
 
 
 def build_policy(cfg: DictConfig, dist: dp.DistInfo):
-    """The model with its LoRA adapter, its tokenizer, and the engine with the transport that syncs the
-    adapter into it (the adapter as it starts: version 0)."""
+    """The model with its LoRA adapter, its tokenizer, and the engine that samples it."""
     model_kwargs, lora_kwargs = model_settings(cfg, dist)
     model, tokenizer = load_model(**model_kwargs)
     model = add_lora(model, **lora_kwargs)
-    engine, sync = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
-    sync.push(lora_tensors(model), version=0)
-    return model, tokenizer, engine, sync
+    engine = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
+    return model, tokenizer, engine
 
 
-def load_policy_checkpoint(cfg: DictConfig, model, sync) -> int:
-    """cfg.checkpoint's adapter into the model and through the sync into the engine; returns its step."""
+def load_policy_checkpoint(cfg: DictConfig, model, engine: RolloutEngine) -> int:
+    """cfg.checkpoint's adapter into the model and the engine; returns its step."""
     step = load_checkpoint(cfg.checkpoint, model, restore_rng=False).step
-    sync.push(lora_tensors(model), version=1)
+    engine.update_lora(lora_tensors(model), version=1)
     return step
 
 
 def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts:
     """Every part of a run: the policy and its engine, DDP's wrapper under torchrun, the env, its training
     tasks, the held-out set and the transfer set (when transfer=... names one)."""
-    model, tokenizer, engine, sync = build_policy(cfg, dist)
+    model, tokenizer, engine = build_policy(cfg, dist)
     train_model = dp.wrap_model(model, dist)
     env = make_env(cfg.env.name, **cfg.env.args)
     tasks = task_splits(call_task_source(cfg.env.tasks), env, cfg.env.tasks.get("_target_"), cfg.seed)
@@ -122,4 +147,4 @@ def build_parts(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> Parts
     if t.tasks:  # transfer=...: a second held-out set, from another task source
         source = t.tasks.get("_target_")
         transfer = transfer_set(call_task_source(t.tasks), env, source, t.eval_tasks, t.eval_seed, t.labels)
-    return Parts(model, tokenizer, engine, sync, env, tasks["train"], test_tasks, train_model, dist, transfer)
+    return Parts(model, tokenizer, engine, env, tasks["train"], test_tasks, train_model, dist, transfer)

@@ -128,7 +128,7 @@ def supervised_warm_start(
             on_step,
         )
     dp.check_replicas(lora_tensors(parts.model), parts.dist)
-    parts.sync.push(lora_tensors(parts.model), version=1)
+    parts.engine.update_lora(lora_tensors(parts.model), version=1)
 
 
 def stages_before_grpo(
