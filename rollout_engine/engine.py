@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from host.cpu_threads import adapt_cpu_threads
 from kernels.backend import HAS_TRITON
 from kernels.cpu_gemm import packed_weight_bytes
-from kernels.cpu_threads import adapt_cpu_threads
 from rollout_engine.block_manager import BlockManager
 from rollout_engine.kv_pool import commits_on_write
 from rollout_engine.lora import LoraAdapter

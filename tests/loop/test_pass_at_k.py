@@ -10,7 +10,7 @@ import torch
 from test_train_e2e import compose_cfg
 from test_transfer_eval import PARITY, TRANSFER
 
-from kernels import cpu_threads
+from host import cpu_threads
 from rl.job import modes
 from rl.job.compare import outcome_file
 from rl.job.config import register_configs

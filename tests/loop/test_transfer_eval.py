@@ -15,7 +15,7 @@ from datasets import Dataset, DatasetDict
 from test_train_e2e import SMALL_SQL, compose_cfg, load_train_module
 
 from envs import EnvError, StepResult
-from kernels import cpu_threads
+from host import cpu_threads
 from rl.job import modes
 from rl.job.config import register_configs
 from rl.job.eval_sets import held_out_tasks
