@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -387,7 +387,7 @@ class LLMEngine:
         self._adapter().version = version
         self.reset_prefix_cache()
 
-    def update_lora(self, named_tensors: dict[str, torch.Tensor], version: int) -> SyncStats:
+    def update_lora(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> SyncStats:
         """Copy new LoRA weights into the engine's buffers in place, all validated before any is written (the
         old weights serve on any error), and adopt `version`, which must exceed the one it holds."""
         return load_update(self, named_tensors, version, self._adapter().version)
