@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import platform
 
-from kernels.cpu_library import cpuinfo_text
+from host.system import cpuinfo_text
 
 _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx")
 

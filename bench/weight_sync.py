@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from rl.sync.transport import DistributedSync, InProcessSync, TensorSpec
+from rl.job.rollout_worker import DistributedSync
+from rl.sync.transport import InProcessSync, TensorSpec
 
 SMOLLM2_135M = dict(num_layers=30, hidden=576, intermediate=1536, num_heads=9, num_kv_heads=3, head_dim=64)
 LLAMA_7B = dict(num_layers=32, hidden=4096, intermediate=11008, num_heads=32, num_kv_heads=32, head_dim=128)

@@ -1,13 +1,12 @@
 """The C kernels of kernels/cpu/, built on first use with the machine's C compiler and loaded through ctypes.
 
 A library is compiled once per source (with the shared headers), compiler, machine (with -march=native,
-so it uses the CPU's vector units, whose width kernels/cpu/vector.h picks) and extra flags into a cache
-directory, and later processes load the cached file. $PAGEDRL_CPU_FLAGS adds compiler flags: with
-`-mno-avx512f`, an AVX-512 machine builds and runs the AVX2 code (the tests check it that way too). OpenMP
-parallel loops share PyTorch's OpenMP runtime, so they use torch's threads (torch.set_num_threads) and no
-others. Without a compiler, or when a build fails, `load_library` warns once and returns None: the
-dispatchers then run the PyTorch references, which compute the same thing more slowly. `libc` is the
-process's own C library, for the system calls Python lacks (madvise, mincore, malloc_trim).
+so it uses the CPU's vector units, whose width kernels/cpu/vector.h picks) and extra flags into kernels/ of
+the cache directory (host.system.cache_dir), and later processes load the cached file. $PAGEDRL_CPU_FLAGS
+adds compiler flags: with `-mno-avx512f`, an AVX-512 machine builds and runs the AVX2 code (the tests check
+it that way too). OpenMP parallel loops share PyTorch's OpenMP runtime, so they use torch's threads
+(torch.set_num_threads) and no others. Without a compiler, or when a build fails, `load_library` warns once
+and returns None: the dispatchers then run the PyTorch references, which compute the same thing more slowly.
 """
 
 from __future__ import annotations
@@ -25,16 +24,11 @@ from pathlib import Path
 
 import torch
 
+from host.system import cache_dir, cpuinfo_text
 from kernels.backend import get_backend
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=gnu11"]
-
-
-def cache_dir() -> Path:
-    """Where built libraries live: kernels/ under $PAGEDRL_CACHE (default ~/.cache/pagedrl), beside the
-    converted default model."""
-    return Path(os.environ.get("PAGEDRL_CACHE", Path.home() / ".cache" / "pagedrl")) / "kernels"
 
 
 def _compiler() -> str | None:
@@ -44,14 +38,6 @@ def _compiler() -> str | None:
 
 def _extra_flags() -> list[str]:
     return os.environ.get("PAGEDRL_CPU_FLAGS", "").split()
-
-
-def cpuinfo_text() -> str:
-    """The text of /proc/cpuinfo; empty where there is none (not Linux), so no CPU flag is assumed."""
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
 
 
 def _machine_key(compiler: str) -> str:
@@ -80,12 +66,6 @@ def _build(source: Path, compiler: str, target: Path) -> None:
 
 
 @functools.cache
-def libc() -> ctypes.CDLL:
-    """The process's C library (glibc, musl or macOS's), with errno kept for ctypes.get_errno."""
-    return ctypes.CDLL(None, use_errno=True)
-
-
-@functools.cache
 def load_library(name: str) -> ctypes.CDLL | None:
     """kernels/cpu/<name>.c as a loaded library, built first if this machine has no build of it yet; None
     (after one warning) when it cannot be built."""
@@ -97,7 +77,7 @@ def load_library(name: str) -> ctypes.CDLL | None:
         headers = b"".join(path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h")))
         key = source.read_bytes() + headers + _machine_key(compiler).encode()
         digest = hashlib.sha256(key).hexdigest()[:16]
-        target = cache_dir() / f"{name}-{digest}.so"
+        target = cache_dir("kernels") / f"{name}-{digest}.so"
         if not target.exists():
             _build(source, compiler, target)
         return ctypes.CDLL(str(target))

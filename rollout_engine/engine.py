@@ -7,16 +7,16 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
+from host.cpu_threads import adapt_cpu_threads
 from kernels.backend import HAS_TRITON
 from kernels.cpu_gemm import packed_weight_bytes
-from kernels.cpu_threads import adapt_cpu_threads
 from rollout_engine.block_manager import BlockManager
 from rollout_engine.kv_pool import commits_on_write
 from rollout_engine.lora import LoraAdapter
@@ -30,7 +30,7 @@ from rollout_engine.sampling_params import SamplingParams, SamplingParamsError
 from rollout_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from rollout_engine.sequence import Sequence
 from rollout_engine.stopping import StopChecker
-from rollout_engine.sync_contract import lora_layers
+from rollout_engine.sync_contract import SyncStats, load_update, lora_layers
 
 logger = logging.getLogger(__name__)
 _SampledRow = tuple[int, float, list[tuple[int, float]]]  # a token, its logprob, its alternatives
@@ -387,10 +387,10 @@ class LLMEngine:
         self._adapter().version = version
         self.reset_prefix_cache()
 
-    def update_lora(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Copy new LoRA weights into the engine's buffers in place, all validated before any is written."""
-        self._adapter().update(named_tensors, version)
-        self.reset_prefix_cache()
+    def update_lora(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> SyncStats:
+        """Copy new LoRA weights into the engine's buffers in place, all validated before any is written (the
+        old weights serve on any error), and adopt `version`, which must exceed the one it holds."""
+        return load_update(self, named_tensors, version, self._adapter().version)
 
     def stats(self) -> dict[str, int | list[int]]:
         """Block usage now and at peak, sharing and cache counters, the KV pool's size in bytes (reserved,

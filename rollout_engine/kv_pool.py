@@ -23,7 +23,7 @@ from errno import EINVAL, ENOSYS
 
 import torch
 
-from kernels.cpu_library import libc
+from host.system import libc
 from rollout_engine.block_manager import ceil_div
 
 

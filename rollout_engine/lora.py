@@ -19,14 +19,14 @@ Names follow the weight-sync contract (sync_contract.py): the HF module path of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from kernels.lora import StackedLora, lora_shrink_expand
-from rollout_engine.sync_contract import active_adapter, copy_update, lora_layers
+from rollout_engine.sync_contract import active_adapter, lora_layers
 
 
 @dataclass(slots=True)
@@ -120,11 +120,6 @@ class LoraAdapter:
         for path, w in self.weights.items():
             named[f"{path}.lora_A"], named[f"{path}.lora_B"] = w.a, w.b
         return named
-
-    def update(self, named: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copy new weights in place after validating all of them; the old weights serve on any error."""
-        copy_update(self.buffers(), named, version, self.version)
-        self.version = version
 
 
 def add_lora_delta(

@@ -1,5 +1,6 @@
 """The weight-sync contract between the trainer (rl.sync) and the engine: how LoRA tensors are named, which
-peft layers carry them, and how an update is checked against the receiver's buffers and copied in.
+peft layers carry them, how an update is checked against the receiver's buffers and loaded in, and what a
+load reports (SyncStats).
 
 A tensor's name is the HF module path of the base Linear plus `.lora_A` ([r, in_features]) or `.lora_B`
 ([out_features, r]), e.g. `model.layers.0.self_attn.q_proj.lora_A`. An update is validated in full before any
@@ -10,11 +11,37 @@ engine state (the engine's buffers live in rollout_engine/lora.py).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
+
+
+@dataclass(slots=True)
+class SyncStats:
+    """What one push of LoRA weights into an engine did: its version, time, bytes, tensors and buckets (0
+    when it copied in-process)."""
+
+    version: int
+    ms: float
+    bytes: int
+    num_tensors: int
+    num_buckets: int
+
+    def metrics(self) -> dict[str, float]:
+        """The values to log: ``sync/ms`` and ``sync/bytes``."""
+        return {"sync/ms": self.ms, "sync/bytes": float(self.bytes)}
+
+
+class LoraReceiver(Protocol):
+    """The engine side of a sync: it owns the LoRA buffers and adopts the version written into them."""
+
+    def lora_buffers(self) -> Mapping[str, torch.Tensor]: ...
+
+    def set_lora_version(self, version: int) -> None: ...
 
 
 class TensorSpec(NamedTuple):
@@ -96,3 +123,15 @@ def copy_update(
     for device in {t.device for t in buffers.values() if t.device.type == "cuda"}:
         torch.cuda.synchronize(device)
     return sum(spec.nbytes for spec in tensor_specs(buffers).values())
+
+
+def load_update(
+    receiver: LoraReceiver, named: Mapping[str, torch.Tensor], version: int, last: int
+) -> SyncStats:
+    """Validate `named` against the receiver's buffers (`version` must exceed `last`), copy it in and hand the
+    receiver the new version: an in-process push, timed."""
+    start = time.perf_counter()
+    buffers = receiver.lora_buffers()
+    nbytes = copy_update(buffers, named, version, last)
+    receiver.set_lora_version(version)
+    return SyncStats(version, (time.perf_counter() - start) * 1e3, nbytes, len(buffers), 0)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 
 from datasets import Dataset, DatasetDict
 
-from envs.cache import cache_dir
 from envs.sql.datagen import TableData, domain_rows, write_database
 from envs.sql.domains import DOMAINS, TEST_DOMAINS, Domain
 from envs.sql.families import (
@@ -29,6 +28,7 @@ from envs.sql.loaders import sql_family
 from envs.sql.naming import draw_style, styled_domain
 from envs.sql.prompts import render_schema
 from envs.sql.sandbox import execute
+from host.system import cache_dir
 
 DIFFICULTIES = ("easy", "medium", "hard")
 # Drawing family -> (draw function, tasks per database), near the mix of real questions, where joins are the

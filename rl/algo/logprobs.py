@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu_threads import adapt_cpu_threads
+from host.cpu_threads import adapt_cpu_threads
 from rl.algo.attention import PACKED_ROWS, SDPA_GQA
 from rl.algo.lora_fused import fused_lora
 

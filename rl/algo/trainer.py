@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from kernels.cpu_library import libc
+from host.system import libc
 from rl.algo.aggregation import aggregation
 from rl.algo.batch import RolloutBatch
 from rl.algo.importance import ISCorrection, importance_weights

@@ -123,9 +123,7 @@ def play_eval(
         response_prefix=getattr(env, "response_prefix", ""),
         on_done=on_done,
     )
-    drop_prefix_cache = getattr(engine, "reset_prefix_cache", None)  # a remote engine keeps its own
-    if drop_prefix_cache is not None:
-        drop_prefix_cache()
+    engine.reset_prefix_cache()
     return [
         outcome_of(task, succeeded(t), t.reward, t.text, labels)
         for task, (t,) in zip(tasks, trajectories, strict=True)

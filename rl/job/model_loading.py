@@ -30,8 +30,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from envs.cache import cache_dir
-from kernels.cpu_library import cpuinfo_text
+from host.system import cache_dir, cpuinfo_text
 from rl.algo.attention import SDPA_GQA
 from rollout_engine.models import SUPPORTED_MODEL_TYPES
 

@@ -85,9 +85,7 @@ def play_samples(
         response_prefix=getattr(env, "response_prefix", ""),
         on_done=on_done,
     )
-    drop_prefix_cache = getattr(engine, "reset_prefix_cache", None)
-    if drop_prefix_cache is not None:
-        drop_prefix_cache()
+    engine.reset_prefix_cache()
     return [
         TaskSamples(
             task_key(task),

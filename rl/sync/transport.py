@@ -1,50 +1,25 @@
-"""Pushing LoRA tensors from the trainer into an engine's buffers: in-process, or over torch.distributed.
+"""Pushing LoRA tensors from the trainer into an engine's buffers: in-process, or broadcast over
+torch.distributed to an engine in another process (whose process rl.job.rollout_worker owns).
 
 Trainer side: ``sync.push(named_tensors, version) -> SyncStats``. Engine side: a receiver that owns its
 buffers (``lora_buffers()``) and learns the new version (``set_lora_version``). Every push is validated
 against the receiver's buffers before any byte is written, so a bad update leaves the old weights serving.
+The broadcast lays the tensors' bytes end to end, cuts them into buckets (`bucket_plan`) and sends them over
+a two-rank process group of its own (`Broadcast`): NCCL between two GPUs, gloo otherwise (`choose_backend`).
 """
 
 from __future__ import annotations
 
-import importlib
-import time
-import traceback
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from rollout_engine.sync_contract import TensorSpec, check_update, copy_update, tensor_specs
+from rollout_engine.sync_contract import LoraReceiver, SyncStats, TensorSpec, load_update
 
 NamedTensors = Mapping[str, torch.Tensor]
-
-
-@dataclass(slots=True)
-class SyncStats:
-    version: int
-    ms: float
-    bytes: int
-    num_tensors: int
-    num_buckets: int
-
-    def metrics(self) -> dict[str, float]:
-        """The values to log: ``sync/ms`` and ``sync/bytes``."""
-        return {"sync/ms": self.ms, "sync/bytes": float(self.bytes)}
-
-
-class LoraReceiver(Protocol):
-    def lora_buffers(self) -> NamedTensors: ...
-
-    def set_lora_version(self, version: int) -> None: ...
-
-
-class WorkerReceiver(LoraReceiver, Protocol):
-    def handle(self, request: Any) -> Any: ...
 
 
 class InProcessSync:
@@ -56,13 +31,9 @@ class InProcessSync:
 
     def push(self, named: NamedTensors, version: int) -> SyncStats:
         """Validate, then copy every tensor into the receiver's buffers and hand it the new version."""
-        start = time.perf_counter()
-        buffers = self._receiver.lora_buffers()
-        nbytes = copy_update(buffers, named, version, self._version)
-        self._receiver.set_lora_version(version)
+        stats = load_update(self._receiver, named, version, self._version)
         self._version = version
-        ms = (time.perf_counter() - start) * 1e3
-        return SyncStats(version, ms, nbytes, len(buffers), 0)
+        return stats
 
 
 class _Segment(NamedTuple):
@@ -103,7 +74,7 @@ def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
-def _store(port: int, timeout_s: float) -> dist.TCPStore:
+def open_store(port: int, timeout_s: float) -> dist.TCPStore:
     """Rendezvous on localhost; port 0 makes the trainer's store pick a free port."""
     return dist.TCPStore(
         "127.0.0.1", port, 2, port == 0, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
@@ -182,168 +153,32 @@ def _receive_buckets(group, plan, buffers: NamedTensors, staging: list[torch.Ten
         pending = arriving
 
 
-def _resolve_factory(factory: str | Callable[..., WorkerReceiver]) -> Callable[..., WorkerReceiver]:
-    if callable(factory):
-        return factory
-    module_name, _, attr = factory.replace(":", ".").rpartition(".")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-def _worker_main(conn, factory, factory_args, port: int, timeout_s: float, bucket_bytes: int) -> None:
-    """Rollout-worker loop: build the receiver, then serve sync and call requests until told to close."""
-    try:
-        receiver = _resolve_factory(factory)(*factory_args)
-        buffers = receiver.lora_buffers()
-        if not buffers or not all(t.is_contiguous() for t in buffers.values()):
-            raise ValueError("The receiver must hold at least one LoRA buffer, all contiguous tensors.")
-        device = next(iter(buffers.values())).device
-        conn.send(("ready", tensor_specs(buffers), device_id(device)))
-        backend = conn.recv()
-        if backend == "nccl":
-            torch.cuda.set_device(device)
-        group = _connect(_store(port, timeout_s), 1, backend, timeout_s)
-        plan = bucket_plan(tensor_specs(buffers), bucket_bytes)
-        staging_device = device if backend == "nccl" else torch.device("cpu")
-        staging = [torch.empty(plan[0][0], dtype=torch.uint8, device=staging_device) for _ in range(2)]
-    except Exception:
-        conn.send(("error", traceback.format_exc()))
-        return
-    while True:
-        try:
-            kind, payload = conn.recv()
-        except EOFError:
-            return
-        if kind == "close":
-            return
-        try:
-            if kind == "sync":
-                _receive_buckets(group, plan, buffers, staging)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                receiver.set_lora_version(payload)
-                conn.send(("ack", payload))
-            else:
-                conn.send(("result", receiver.handle(payload)))
-        except Exception:
-            conn.send(("error", traceback.format_exc()))
-            if kind == "sync":
-                return
-
-
-class DistributedSync:
-    """Trainer side of a rollout worker in another process: LoRA broadcasts in buckets, requests over a pipe.
-
-    The worker builds its receiver with ``receiver_factory(*factory_args)`` (a picklable callable or a dotted
-    path ``"package.module:function"``). NCCL carries the buckets when the worker's buffers are on a GPU and
-    this process's current GPU is another one; gloo otherwise (`choose_backend`), through host memory.
-    """
+class Broadcast:
+    """One end of the bucketed LoRA broadcast between the trainer (rank 0, which sends) and a rollout worker
+    (rank 1, which receives): their process group, the bucket plan of the receiver's buffers (`specs`), and
+    two staging buckets on `staging_device`, so that one is packed or unpacked while the other is on the
+    wire."""
 
     def __init__(
         self,
-        receiver_factory: str | Callable[..., WorkerReceiver],
-        factory_args: tuple = (),
-        bucket_bytes: int = 64 << 20,
-        timeout_s: float = 120.0,
-        startup_timeout_s: float = 600.0,
-    ):
-        if bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}.")
-        self._timeout_s = timeout_s
-        self._version = -1
-        store = _store(0, timeout_s)
-        self._conn, child_conn = mp.get_context("spawn").Pipe()
-        self._process = mp.get_context("spawn").Process(
-            target=_worker_main,
-            args=(child_conn, receiver_factory, factory_args, store.port, timeout_s, bucket_bytes),
-            daemon=True,
-        )
-        self._process.start()
-        child_conn.close()
-        try:
-            _, self._specs, worker_device = self._await("ready", startup_timeout_s)
-            trainer_device = (
-                torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-            )
-            self.backend = choose_backend(worker_device, device_id(trainer_device))
-            self._conn.send(self.backend)
-            self._group = _connect(store, 0, self.backend, timeout_s)
-        except BaseException:
-            self.close()
-            raise
-        self._plan = bucket_plan(self._specs, bucket_bytes)
-        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
-        self._staging = [torch.empty(self._plan[0][0], dtype=torch.uint8, device=device) for _ in range(2)]
+        store: dist.Store,
+        rank: int,
+        backend: str,
+        specs: Mapping[str, TensorSpec],
+        bucket_bytes: int,
+        staging_device: torch.device | str,
+        timeout_s: float,
+    ) -> None:
+        self._group = _connect(store, rank, backend, timeout_s)
+        self.plan = bucket_plan(specs, bucket_bytes)
+        self._staging = [
+            torch.empty(self.plan[0][0], dtype=torch.uint8, device=staging_device) for _ in range(2)
+        ]
 
-    def push(self, named: NamedTensors, version: int) -> SyncStats:
-        """Validate, broadcast the tensors in buckets and wait until the worker acknowledges ``version``."""
-        start = time.perf_counter()
-        check_update(named, self._specs, version, self._version)
-        self._ensure_alive()
-        self._conn.send(("sync", version))
-        try:
-            with torch.no_grad():
-                _send_buckets(self._group, self._plan, named, self._staging)
-        except RuntimeError as error:
-            self.close()
-            raise RuntimeError(
-                f"LoRA broadcast of v{version} to the rollout worker failed: {error}"
-            ) from error
-        self._await("ack", self._timeout_s)
-        self._version = version
-        ms = (time.perf_counter() - start) * 1e3
-        total = sum(spec.nbytes for spec in self._specs.values())
-        return SyncStats(version, ms, total, len(self._specs), len(self._plan))
+    def send(self, named: NamedTensors) -> None:
+        """The trainer's end: `named`'s bytes, bucket by bucket."""
+        _send_buckets(self._group, self.plan, named, self._staging)
 
-    def call(self, request: Any) -> Any:
-        """Send a request (e.g. prompts) to the worker's receiver and return its answer."""
-        self._ensure_alive()
-        self._conn.send(("call", request))
-        return self._await("result", None)[1]
-
-    def close(self, grace_s: float = 10.0) -> None:
-        """Stop the worker: ask it to exit within ``grace_s``, then terminate, then kill."""
-        if self._process.is_alive() and grace_s > 0:
-            try:
-                self._conn.send(("close", None))
-            except OSError:
-                pass
-            self._process.join(grace_s)
-        for stop in (self._process.terminate, self._process.kill):
-            if self._process.is_alive():
-                stop()
-                self._process.join(5)
-        self._conn.close()
-
-    def __enter__(self) -> DistributedSync:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    def _ensure_alive(self) -> None:
-        if self._conn.closed or not self._process.is_alive():
-            raise RuntimeError(
-                f"The rollout worker is not running (exit code {self._process.exitcode}): create a new sync."
-            )
-
-    def _await(self, kind: str, timeout_s: float | None) -> tuple:
-        """The worker's next message, of type ``kind``; raises if the worker fails, dies or is late."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self._conn.poll(0.05):
-            if not self._process.is_alive():
-                raise self._died(kind)
-            if deadline is not None and time.monotonic() > deadline:
-                self.close(grace_s=0)
-                raise TimeoutError(f"The rollout worker sent no {kind!r} in {timeout_s} s; it was stopped.")
-        try:
-            message = self._conn.recv()
-        except EOFError:
-            self._process.join(5)
-            raise self._died(kind) from None
-        if message[0] == "error":
-            raise RuntimeError(f"The rollout worker failed:\n{message[1]}")
-        return message
-
-    def _died(self, kind: str) -> RuntimeError:
-        code = self._process.exitcode
-        return RuntimeError(f"The rollout worker died (exit code {code}) before sending {kind!r}.")
+    def receive(self, buffers: NamedTensors) -> None:
+        """The worker's end: the buckets, written into `buffers`."""
+        _receive_buckets(self._group, self.plan, buffers, self._staging)

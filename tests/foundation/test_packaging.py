@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rl", "rollout_engine", "kernels", "envs", "serve")
+PACKAGES = ("rl", "rollout_engine", "kernels", "envs", "serve", "host")
 
 
 @pytest.mark.parametrize("name", PACKAGES)

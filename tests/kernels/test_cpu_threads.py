@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from kernels.cpu_threads import STAT_PATH, CpuThreads, busy_seconds, threads_for
+from host.cpu_threads import STAT_PATH, CpuThreads, busy_seconds, threads_for
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

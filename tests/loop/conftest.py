@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import cpu_threads
+from host import cpu_threads
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 @pytest.fixture
 def fixed_cpu_threads(monkeypatch):
     """Keeps torch's thread count fixed for runs compared bit for bit: F.linear's results at a few rows differ
-    between 1 and 2 threads, and the adaptive pool (kernels/cpu_threads.py) changes the count whenever another
+    between 1 and 2 threads, and the adaptive pool (host/cpu_threads.py) changes the count whenever another
     process, or the VM's steal time, takes a core."""
     monkeypatch.setattr(cpu_threads, "_governor", lambda: None)
     threads = torch.get_num_threads()

@@ -7,10 +7,11 @@ import math
 
 import pytest
 import torch
-from test_train_e2e import compose_cfg, load_train_module
+from test_train_e2e import compose_cfg
 from test_transfer_eval import PARITY, TRANSFER
 
-from kernels import cpu_threads
+from host import cpu_threads
+from rl.job import modes
 from rl.job.compare import outcome_file
 from rl.job.config import register_configs
 from rl.job.config_checks import check_config
@@ -97,7 +98,6 @@ def eval_run(tmp_path_factory):
     """mode=eval with eval.samples=4 on the parity env (half the replies win), with a transfer set; every
     engine call is recorded."""
     register_configs()
-    train = load_train_module()
     run_dir = tmp_path_factory.mktemp("passk")
     calls = []
     generate = LLMEngine.generate
@@ -114,7 +114,7 @@ def eval_run(tmp_path_factory):
         cfg = compose_cfg(
             run_dir, *PARITY, *TRANSFER, "mode=eval", "eval.samples=4", "rollout.temperature=1.0"
         )
-        train.eval_only(cfg)
+        modes.eval_only(cfg)
         torch.set_num_threads(threads)
     return run_dir, printed.getvalue(), calls
 
@@ -166,7 +166,6 @@ def test_the_compare_tool_still_finds_the_greedy_outcome_files_beside_the_counts
 
 def test_without_eval_samples_mode_eval_draws_no_samples(tmp_path, capsys):
     register_configs()
-    train = load_train_module()
-    train.eval_only(compose_cfg(tmp_path, *PARITY, "mode=eval"))
+    modes.eval_only(compose_cfg(tmp_path, *PARITY, "mode=eval"))
     assert "pass@k" not in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "evals").iterdir()) == ["held_out_base_0.jsonl"]

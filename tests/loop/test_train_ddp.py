@@ -16,6 +16,8 @@ import pytest
 import torch
 from test_train_e2e import VOWELS, compose_cfg, load_train_module, vowel_tasks
 
+from rl.job import grpo_step as grpo_step_module
+from rl.job import stages
 from rl.job.config import register_configs
 from rl.job.data import TaskStream
 from rl.job.distributed import (
@@ -26,6 +28,7 @@ from rl.job.distributed import (
     rank_device,
     shard,
 )
+from rl.job.eval_sets import held_out_tasks
 from rl.job.loop_metrics import combine_rank_metrics
 from rl.job.model_loading import load_model
 from rl.job.outcomes import read_outcomes
@@ -57,8 +60,8 @@ def rank_main(run_dir: Path, *overrides: str) -> None:
         seen["train" if is_group else "eval"].append(_questions(tasks[:1] if is_group else tasks))
         return original["start_episodes"](env, tasks)
 
-    def train_step_metrics(*args, **kwargs):
-        metrics, trajectories = original["train_step_metrics"](*args, **kwargs)
+    def grpo_step(*args, **kwargs):
+        metrics, trajectories = original["grpo_step"](*args, **kwargs)
         seen["local_metrics"].append(metrics)
         return metrics, trajectories
 
@@ -75,13 +78,14 @@ def rank_main(run_dir: Path, *overrides: str) -> None:
         seen["initial"] = {k: v.clone() for k, v in lora_tensors(parts.model).items()}
         return parts
 
-    hooks = dict(
-        start_episodes=start_episodes, train_step_metrics=train_step_metrics, build_parts=build_parts
-    )
+    hooks = dict(grpo_step=grpo_step, build_parts=build_parts)
     hooks.update(save_checkpoint=save_checkpoint, open_logger=open_logger)
     original = {name: getattr(train, name) for name in hooks}
     for name, hook in hooks.items():
         setattr(train, name, hook)
+    original["start_episodes"] = grpo_step_module.start_episodes
+    for module in (grpo_step_module, stages):  # collect_groups's groups, and the evaluations' shards
+        module.start_episodes = start_episodes
     cfg = compose_cfg(run_dir, *DDP, *overrides)
     torch.manual_seed(cfg.seed)
     with distributed(cfg.model.device) as dist:  # as train.py's main does
@@ -144,7 +148,7 @@ def test_ranks_split_each_global_batch_and_walk_the_same_stream(ddp_run):
     state = json.loads(next((run_dir / "checkpoints").glob(f"step_{NUM_STEPS}/state.json")).read_text())
     assert state["data_position"]["index"] == NUM_STEPS * PROMPTS_PER_RANK * WORLD_SIZE  # 32 tasks: epoch 0
     # the held-out set (4 tasks) is split too: each evaluation sees two per rank, all four together
-    held_out = _questions(load_train_module().held_out_tasks(vowel_tasks()["test"], 4, cfg.seed))
+    held_out = _questions(held_out_tasks(vowel_tasks()["test"], 4, cfg.seed))
     for eval_0, eval_1 in zip(ranks[0]["eval"], ranks[1]["eval"], strict=True):
         assert len(eval_0) == len(eval_1) == 2 and sorted(eval_0 + eval_1) == sorted(held_out)
     # rank 0 gathers both shards' outcomes and writes them in the held-out set's own order
@@ -201,7 +205,7 @@ def test_a_transfer_set_is_sharded_over_the_ranks_and_written_whole_in_its_order
     # 5 tasks over 2 ranks: shards of 3 and 2, gathered back into the sample's order by rank 0
     transfer = ["+transfer.tasks._target_=e2e_vowel_env.vowel_tasks", "transfer.eval_tasks=5"]
     ranks = torchrun(tmp_path, *transfer)
-    sample = _questions(load_train_module().held_out_tasks(vowel_tasks()["test"], 5, 0))
+    sample = _questions(held_out_tasks(vowel_tasks()["test"], 5, 0))
     summary = json.loads((tmp_path / "summary.json").read_text())
     for name in ("transfer_base_0", f"transfer_grpo_{NUM_STEPS}"):
         outcomes = read_outcomes(tmp_path / "evals" / f"{name}.jsonl")

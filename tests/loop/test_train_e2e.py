@@ -15,8 +15,15 @@ from hydra import compose, initialize_config_dir
 
 from envs import EnvError, StepResult
 from rl.algo.advantages import compute_advantages
-from rl.job.checkpoint import find_latest
+from rl.job import distributed as dp
+from rl.job import modes
+from rl.job.bookkeeping import resume
+from rl.job.checkpoint import RunDirError, find_latest
 from rl.job.config import register_configs
+from rl.job.data import TaskStream
+from rl.job.grpo_step import collect_groups
+from rl.job.loop_metrics import StepTimer
+from rl.job.parts import build_parts
 from rl.job.play import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
 from rl.sync.adapter import lora_tensors
@@ -238,8 +245,8 @@ def test_multi_turn_masks_observation_tokens_out_of_the_loss(train_module, tmp_p
     result = run(train_module, tmp_path, "num_steps=1", *multi_turn)
     parts = result.parts
     cfg = compose_cfg(tmp_path, *multi_turn)
-    stream = train_module.TaskStream(parts.train_tasks, seed=1)
-    groups = train_module.collect_groups(parts, cfg, stream, step=9, timer=train_module.StepTimer())
+    stream = TaskStream(parts.train_tasks, seed=1)
+    groups = collect_groups(parts, cfg, stream, step=9, timer=StepTimer())
     advantages = compute_advantages(group_rewards(groups), "grpo", "group")
     batch = to_rollout_batch(groups, advantages, parts.tokenizer.pad_token_id)
     flat = [t for g in groups for t in g]
@@ -291,10 +298,11 @@ def test_a_value_out_of_range_stops_the_run_before_the_model_loads(
     train_module, tmp_path, monkeypatch, override
 ):
     monkeypatch.setattr(train_module, "build_parts", never_built)
+    monkeypatch.setattr(modes, "build_parts", never_built)
     with pytest.raises(ValueError, match=f"config values out of range:\n  {override.split('=')[0]}="):
         train_module.train(compose_cfg(tmp_path, override))
     with pytest.raises(ValueError, match="config values out of range"):
-        train_module.eval_only(compose_cfg(tmp_path, override, "mode=eval"))
+        modes.eval_only(compose_cfg(tmp_path, override, "mode=eval"))
 
 
 def test_a_user_error_is_one_line_and_a_bug_keeps_its_traceback(train_module, tmp_path, monkeypatch):
@@ -320,7 +328,7 @@ def test_a_user_error_is_one_line_and_a_bug_keeps_its_traceback(train_module, tm
 def test_a_run_dir_that_is_a_file_stops_the_run_before_the_model_loads(train_module, tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "build_parts", never_built)
     (tmp_path / "run").write_text("")
-    with pytest.raises(train_module.RunDirError, match="run_dir=.*run cannot be written"):
+    with pytest.raises(RunDirError, match="run_dir=.*run cannot be written"):
         train_module.train(compose_cfg(tmp_path / "run"))
 
 
@@ -329,18 +337,18 @@ def test_a_new_run_into_an_earlier_runs_directory_stops_before_the_model_loads(
 ):
     run_dir, _ = three_steps
     monkeypatch.setattr(train_module, "build_parts", never_built)
-    with pytest.raises(train_module.RunDirError, match="earlier run's checkpoints .the last: step_3"):
+    with pytest.raises(RunDirError, match="earlier run's checkpoints .the last: step_3"):
         train_module.train(compose_cfg(run_dir))
     assert find_latest(run_dir).name == "step_3"
 
 
 def test_resume_without_a_checkpoint_says_so_and_starts_at_step_0(train_module, tmp_path, capsys):
-    parts = types.SimpleNamespace(dist=train_module.dp.SINGLE_PROCESS)
-    assert train_module.resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None) == 0
+    parts = types.SimpleNamespace(dist=dp.SINGLE_PROCESS)
+    assert resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None) == 0
     assert f"resume=true, but {tmp_path} holds no complete checkpoint: training starts at step 0" in (
         capsys.readouterr().out
     )
-    assert train_module.resume(compose_cfg(tmp_path), parts, None, None, None) == 0
+    assert resume(compose_cfg(tmp_path), parts, None, None, None) == 0
     assert capsys.readouterr().out == ""  # no resume asked, nothing to say
 
 
@@ -356,14 +364,14 @@ def test_a_task_source_returning_a_list_is_one_error_naming_it(train_module, tmp
     with pytest.raises(
         EnvError, match="the task source e2e_vowel_env.list_tasks returned a list; it must return"
     ):
-        train_module.build_parts(cfg)
+        build_parts(cfg)
 
 
 def test_mode_eval_prints_accuracy_with_its_interval_by_family_difficulty_and_schema(
     train_module, tmp_path, capsys
 ):
     cfg = compose_cfg(tmp_path, "mode=eval", "env.eval_tasks=6", SMALL_SQL)
-    train_module.eval_only(cfg)
+    modes.eval_only(cfg)
     out = capsys.readouterr().out
     assert "held-out greedy execution accuracy (base model):" in out
     header, overall = out.splitlines()[1:3]

@@ -15,10 +15,12 @@ from datasets import Dataset, DatasetDict
 from test_train_e2e import SMALL_SQL, compose_cfg, load_train_module
 
 from envs import EnvError, StepResult
-from kernels import cpu_threads
+from host import cpu_threads
+from rl.job import modes
 from rl.job.config import register_configs
 from rl.job.eval_sets import held_out_tasks
 from rl.job.outcomes import read_outcomes, task_key
+from rl.job.parts import build_parts
 from rl.settings import ConfigError
 
 FAMILIES, DATABASES = ("filter", "join"), ("pets", "concert", "shop")
@@ -217,9 +219,8 @@ def sql_db_dir(tmp_path_factory):
 
 def test_mode_eval_scores_sql_transfer_tasks_after_the_held_out_set(sql_db_dir, tmp_path, capsys):
     register_configs()
-    train = load_train_module()
     transfer = ["+transfer.tasks._target_=e2e_transfer_env.sql_tasks", f"+transfer.tasks.db_dir={sql_db_dir}"]
-    train.eval_only(compose_cfg(tmp_path, "mode=eval", "env.eval_tasks=3", SMALL_SQL, *transfer))
+    modes.eval_only(compose_cfg(tmp_path, "mode=eval", "env.eval_tasks=3", SMALL_SQL, *transfer))
     out = capsys.readouterr().out
     held_out_at = out.index("held-out greedy execution accuracy (base model):")
     transfer_at = out.index("transfer set greedy execution accuracy (base model):")
@@ -237,7 +238,7 @@ def test_mode_eval_scores_sql_transfer_tasks_after_the_held_out_set(sql_db_dir, 
 
 
 def test_a_transfer_row_the_env_cannot_play_stops_the_run_at_start(sql_db_dir, tmp_path):
-    train = load_train_module()
+    register_configs()
     transfer = [
         "+transfer.tasks._target_=e2e_transfer_env.sql_tasks",
         f"+transfer.tasks.db_dir={sql_db_dir}",
@@ -245,7 +246,7 @@ def test_a_transfer_row_the_env_cannot_play_stops_the_run_at_start(sql_db_dir, t
     ]
     where = "row 1 of the 'test' split from e2e_transfer_env.sql_tasks"
     with pytest.raises(EnvError, match=f"{where}: .*gone.sqlite"):
-        train.build_parts(compose_cfg(tmp_path, SMALL_SQL, *transfer))
+        build_parts(compose_cfg(tmp_path, SMALL_SQL, *transfer))
 
 
 def never_built(*args, **kwargs):

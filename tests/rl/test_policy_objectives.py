@@ -296,7 +296,7 @@ def compose_train():
 def test_algo_options_compose_and_pass_the_checks(compose_train, option, expected):
     cfg = compose_train(f"algo={option}")
     check_config(cfg)
-    algo = OmegaConf.to_object(cfg.algo)  # as train.py hands it to train_step
+    algo = OmegaConf.to_object(cfg.algo)  # as rl.job.grpo_step.policy_update hands it to train_step
     assert isinstance(algo, AlgoConfig)
     for key, value in expected.items():
         assert getattr(algo, key) == value

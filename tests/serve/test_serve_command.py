@@ -19,9 +19,10 @@ from rl.settings import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "loop"))
 from test_export import adapted_checkpoint, peft_reference  # noqa: E402
-from test_train_e2e import compose_cfg, load_train_module  # noqa: E402
+from test_train_e2e import compose_cfg  # noqa: E402
 
 from rl.job.config import register_configs  # noqa: E402
+from serve import command  # noqa: E402
 
 PROMPT = [1, 520, 9531, 198, 4093, 17, 88]
 
@@ -32,9 +33,9 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def train_module():
+def serve_command():
     register_configs()
-    return load_train_module()
+    return command
 
 
 def serve_cfg(tmp_path, *overrides):
@@ -81,22 +82,22 @@ def test_the_command_serves_the_checkpoints_adapter_and_stops_on_ctrl_c(checkpoi
     assert reply.choices[0].text == tokenizer.decode(adapted, skip_special_tokens=True)
 
 
-def test_serve_with_the_engine_in_another_process_is_refused(train_module, tmp_path):
+def test_serve_with_the_engine_in_another_process_is_refused(serve_command, tmp_path):
     cfg = serve_cfg(tmp_path, "rollout.placement=process")
     with pytest.raises(ConfigError, match="rollout.placement=process: mode=serve steps the engine"):
-        train_module.check_serving(cfg, dp.SINGLE_PROCESS)
+        serve_command.check_serving(cfg, dp.SINGLE_PROCESS)
 
 
-def test_a_missing_checkpoint_is_refused_before_the_model_loads(train_module, tmp_path):
+def test_a_missing_checkpoint_is_refused_before_the_model_loads(serve_command, tmp_path):
     cfg = serve_cfg(tmp_path, f"checkpoint={tmp_path / 'nowhere'}")
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        train_module.check_serving(cfg, dp.SINGLE_PROCESS)
+        serve_command.check_serving(cfg, dp.SINGLE_PROCESS)
 
 
-def test_a_port_in_use_is_refused_before_the_model_loads(train_module, tmp_path, monkeypatch):
-    monkeypatch.setattr(train_module, "serving_engine", lambda *args: pytest.fail("the model loaded"))
+def test_a_port_in_use_is_refused_before_the_model_loads(serve_command, tmp_path, monkeypatch):
+    monkeypatch.setattr(serve_command, "serving_engine", lambda *args: pytest.fail("the model loaded"))
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         cfg = serve_cfg(tmp_path, f"serve.port={port}")
         with pytest.raises(ConfigError, match=f"cannot listen on serve.host=127.0.0.1 serve.port={port}"):
-            train_module.serve_only(cfg)
+            serve_command.serve_only(cfg)

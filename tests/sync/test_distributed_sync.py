@@ -11,8 +11,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from sync_fake_receiver import BufferEngine, PeftEngine, tiny_llama, token_logprobs  # noqa: E402
 
+from rl.job.rollout_worker import DistributedSync  # noqa: E402
 from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
-from rl.sync.transport import DistributedSync, choose_backend, device_id, tensor_specs  # noqa: E402
+from rl.sync.transport import choose_backend, device_id  # noqa: E402
+from rollout_engine.sync_contract import tensor_specs  # noqa: E402
 
 TARGETS = ["q_proj", "v_proj", "up_proj"]
 # per layer: q, v and up, each A [4, 64] and B [out, 4], with out = 64, 32, 112; fp32; 2 layers

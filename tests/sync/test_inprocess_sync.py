@@ -10,7 +10,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sync_fake_receiver import BufferEngine, PeftEngine, tiny_llama, token_logprobs  # noqa: E402
 
 from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
-from rl.sync.transport import InProcessSync, tensor_specs  # noqa: E402
+from rl.sync.transport import InProcessSync  # noqa: E402
+from rollout_engine.sync_contract import tensor_specs  # noqa: E402
 
 
 def randomize(named: dict[str, torch.Tensor], seed: int) -> None:

@@ -3,9 +3,8 @@
 import torch
 
 from rl.job.model_loading import load_model, smollm2_checkpoint_dir
-from rl.job.remote_engine import RemoteEngine, build_worker
+from rl.job.rollout_worker import DistributedSync, RemoteEngine, build_worker
 from rl.sync.adapter import add_lora, lora_tensors
-from rl.sync.transport import DistributedSync
 from rollout_engine import SamplingParams
 
 MODEL = dict(name="tiny_llama", seed=3, dtype="float32")
@@ -37,3 +36,24 @@ def test_worker_engine_gives_the_trainers_logprobs_after_each_push(causal_lm_log
             assert torch.allclose(torch.tensor(sample.logprobs), expected, atol=1e-4)
             assert len(sample.token_ids) == 6
     assert heard == [0, 0, 0]
+
+
+def test_reset_prefix_cache_empties_the_worker_engines_prefix_cache():
+    """A prompt's second play reuses the first's KV blocks in the worker; after reset_prefix_cache its third
+    play finds none cached and prefills the whole prompt again."""
+    smollm2_checkpoint_dir()
+    prompt = [1, 17, 300, 4000, 25, 9, 88, 520, 7]  # two full blocks of 4, then one token
+    greedy = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=[])
+    with DistributedSync(build_worker, (MODEL, LORA, ENGINE), timeout_s=60) as sync:
+        remote = RemoteEngine(sync)
+        remote.generate([prompt], greedy)
+        first = remote.stats()
+        remote.generate([prompt], greedy)
+        second = remote.stats()
+        assert second["prefix_cache_hits"] - first["prefix_cache_hits"] == 2
+        assert second["num_prefill_tokens"] - first["num_prefill_tokens"] == 1
+        remote.reset_prefix_cache()
+        remote.generate([prompt], greedy)
+        third = remote.stats()
+        assert third["prefix_cache_hits"] == second["prefix_cache_hits"]
+        assert third["num_prefill_tokens"] - second["num_prefill_tokens"] == len(prompt)

@@ -1,0 +1,127 @@
+"""One GRPO step, as the algorithm reads: sample and play the groups, rewards to group-relative advantages,
+the batch, the policy update on the LoRA weights (`rl.algo.trainer.train_step`), the new adapter into the
+engine, and what the step did (its metrics)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from omegaconf import DictConfig, OmegaConf
+
+from envs import start_episodes, step_episodes
+from rl.algo.advantages import compute_advantages, filter_zero_std_groups
+from rl.algo.trainer import train_step
+from rl.job import distributed as dp
+from rl.job.curriculum import Curriculum
+from rl.job.data import TaskStream
+from rl.job.evaluate import succeeded
+from rl.job.loop_metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
+from rl.job.parts import Parts
+from rl.job.play import group_rewards, play_groups, to_rollout_batch
+from rl.sync.adapter import lora_tensors
+from rollout_engine import SamplingParams
+
+# DAPO dynamic sampling: rounds of fresh prompts that may replace the groups whose rewards are all equal
+DYNAMIC_SAMPLING_ROUNDS = 4
+
+
+def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0, rank: int = 0) -> SamplingParams:
+    """A GRPO group's sampling: n=G at the rollout.* settings, seeded by the step, the round and the rank."""
+    r = cfg.rollout
+    return SamplingParams(
+        n=cfg.algo.group_size,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_tokens=r.max_tokens,
+        seed=cfg.seed * 1_000_003 + step * 7919 + round_ + rank * 1_000_000_007,
+        stop=list(getattr(env, "stop", ())) or None,
+    )
+
+
+def task_stream(parts: Parts, cfg: DictConfig) -> TaskStream | Curriculum:
+    """The order training tasks come in: seeded epochs, or the adaptive curriculum."""
+    c = cfg.curriculum
+    if not c.enabled:
+        return TaskStream(parts.train_tasks, seed=cfg.seed)
+    return Curriculum(parts.train_tasks, cfg.seed, c.pool_by, c.prior_strength, c.min_attempts)
+
+
+def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler):
+    """train_step bound to everything but the batch: the model, its optimizer and LR schedule, the algo.*
+    settings of the update (a LossConfig, checked once here), micro-batches and the sampling settings."""
+    return partial(
+        train_step,
+        parts.train_model,
+        optimizer,
+        scheduler,
+        loss=OmegaConf.to_object(cfg.algo),
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        max_grad_norm=cfg.trainer.max_grad_norm,
+        temperature=cfg.rollout.temperature,
+        max_completion_length=cfg.rollout.max_completion_tokens,
+    )
+
+
+def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: StepTimer):
+    """Play prompts_per_step GRPO groups. With DAPO dynamic sampling, groups whose rewards are all equal carry
+    no advantage signal: they are dropped and fresh prompts replace them (up to DYNAMIC_SAMPLING_ROUNDS
+    rounds; when none is kept, the last round's groups are used). A curriculum hears every played group's
+    successes (from all ranks)."""
+
+    def timed_env_step(episodes, actions):
+        with timer("env"):
+            return step_episodes(episodes, actions, timeout_s=cfg.env.step_timeout_s)
+
+    kept = []
+    for round_ in range(DYNAMIC_SAMPLING_ROUNDS if cfg.algo.dynamic_sampling else 1):
+        tasks = dp.next_shard(stream, cfg.prompts_per_step - len(kept), parts.dist)
+        groups = [start_episodes(parts.env, [task] * cfg.algo.group_size) for task in tasks]
+        played = play_groups(
+            parts.engine,
+            parts.tokenizer,
+            groups,
+            sampling_params(cfg, parts.env, step, round_, parts.dist.rank),
+            timed_env_step,
+            cfg.rollout.max_completion_tokens,
+            response_prefix=getattr(parts.env, "response_prefix", ""),
+        )
+        if isinstance(stream, Curriculum):
+            outcomes = [(task, sum(map(succeeded, g)), len(g)) for task, g in zip(tasks, played, strict=True)]
+            stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
+        if cfg.algo.dynamic_sampling and played:
+            keep = filter_zero_std_groups(group_rewards(played)).tolist()
+            kept += [group for group, differs in zip(played, keep, strict=True) if differs]
+        else:
+            kept += played
+        if dp.all_ranks(len(kept) == cfg.prompts_per_step, parts.dist):
+            break
+    return kept or played
+
+
+def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: StepTimer):
+    """One GRPO step on this rank: its metrics and the groups it played. `update` is the run's
+    `policy_update`."""
+    timer.begin_step()
+    engine_before = parts.engine.stats()
+    with timer("generate"):
+        groups = collect_groups(parts, cfg, stream, step, timer)  # 1. sample and play the groups
+    timer.add("generate", -timer.last("env"))
+    with timer("train"):
+        rewards = group_rewards(groups)  # 2. rewards -> group-relative advantages
+        advantages = compute_advantages(rewards, cfg.algo.estimator.value, cfg.algo.scale.value)
+        batch = to_rollout_batch(groups, advantages, parts.tokenizer.pad_token_id)  # 3. the batch
+        stats = update(batch)  # 4. the clipped policy-gradient step on the LoRA weights
+    with timer("sync"):  # 5. the new adapter into the engine
+        dp.check_replicas(lora_tensors(parts.model), parts.dist)
+        sync_stats = parts.engine.update_lora(lora_tensors(parts.model), version=step + 1)
+    metrics = {  # 6. what the step did
+        **reward_metrics(groups, rewards),
+        **stats.as_dict(),
+        **sync_stats.metrics(),
+        **engine_metrics(parts.engine, engine_before, timer.last("generate")),
+        **timer.metrics(),
+        **memory_metrics(parts.engine),
+        **(stream.metrics() if isinstance(stream, Curriculum) else {}),
+    }
+    return metrics, groups
