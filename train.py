@@ -29,7 +29,7 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from envs import Env, EnvError, make_env, score_words, start_episodes, step_episodes
+from envs import BaseEnv, EnvError, make_env, start_episodes, step_episodes
 from envs.tasks import call_task_source, task_splits
 from rl.algo.advantages import compute_advantages, filter_zero_std_groups
 from rl.algo.optim import build_lr_scheduler, build_optimizer
@@ -83,7 +83,7 @@ class Parts:
     tokenizer: PreTrainedTokenizerBase
     engine: LLMEngine | RemoteEngine
     sync: InProcessSync | DistributedSync
-    env: Env
+    env: BaseEnv
     train_tasks: Dataset
     test_tasks: Dataset
     train_model: torch.nn.Module  # what train_step runs: the model, wrapped in DDP under torchrun
@@ -185,7 +185,7 @@ def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0, rank: int 
         top_k=r.top_k,
         max_tokens=r.max_tokens,
         seed=cfg.seed * 1_000_003 + step * 7919 + round_ + rank * 1_000_000_007,
-        stop=list(getattr(env, "stop", ())) or None,
+        stop=list(env.stop) or None,
     )
 
 
@@ -233,7 +233,7 @@ def run_eval(
         n=1,
         temperature=0.0,
         max_tokens=cfg.rollout.max_tokens,
-        stop=list(getattr(parts.env, "stop", ())) or None,
+        stop=list(parts.env.stop) or None,
     )
     play = set_player(parts, cfg, play_eval, eval_set.labels, greedy_params=greedy)
     play = with_progress(play, bars, eval_desc(eval_set, stage, step))
@@ -286,10 +286,13 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
             sampling_params(cfg, parts.env, step, round_, parts.dist.rank),
             timed_env_step,
             cfg.rollout.max_completion_tokens,
-            response_prefix=getattr(parts.env, "response_prefix", ""),
+            response_prefix=parts.env.response_prefix,
         )
         if isinstance(stream, Curriculum):
-            outcomes = [(task, sum(map(succeeded, g)), len(g)) for task, g in zip(tasks, played, strict=True)]
+            outcomes = [
+                (task, sum(succeeded(parts.env, t) for t in g), len(g))
+                for task, g in zip(tasks, played, strict=True)
+            ]
             stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
         if cfg.algo.dynamic_sampling and played:
             keep = filter_zero_std_groups(group_rewards(played)).tolist()
@@ -503,7 +506,7 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     if final_eval:
         with timer("eval"):
             evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, bars, transfer=True))
-    words = score_words(parts.env)
+    words = parts.env.score_words
     summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps, words)
     if logger is not None:
         if final_eval:
@@ -524,7 +527,7 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     bars = ProgressBars(enabled=cfg.logger.progress and dist.is_main)
     # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
     point = eval_point(parts, cfg, stage, step, bars, transfer=True)
-    success = score_words(parts.env).success
+    success = parts.env.score_words.success
     if dist.is_main:
         print(f"held-out greedy {success} ({cfg.checkpoint or 'base model'}):")
         print(point.result.table())
