@@ -59,11 +59,6 @@ class Curriculum:
     ) -> None:
         if len(tasks) == 0:
             raise ConfigError("the task set is empty; check the env's tasks config (env.tasks)")
-        if prior_strength < 0 or min_attempts < 1:
-            raise ValueError(
-                f"curriculum.prior_strength must be >= 0 and curriculum.min_attempts >= 1, got "
-                f"{prior_strength} and {min_attempts}"
-            )
         self.tasks = tasks
         self.seed = seed
         self.prior_strength = prior_strength

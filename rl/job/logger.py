@@ -114,8 +114,6 @@ class RunLogger:
             raise ValueError(
                 f"Unknown W&B mode {wandb_mode!r}: use one of {WANDB_MODES} (logger.wandb.mode)."
             )
-        if sample_every < 1:
-            raise ValueError(f"sample_every must be a positive number of steps, got {sample_every}.")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.sample_every = sample_every

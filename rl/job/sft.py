@@ -72,8 +72,6 @@ class DemoSampler:
     """Seeded batches of demonstrations, each drawn from one group (a group is picked by its size)."""
 
     def __init__(self, demos: Sequence[Demonstration], batch_size: int, seed: int = 0) -> None:
-        if batch_size < 1:
-            raise ConfigError(f"sft.batch_size must be >= 1, got {batch_size}")
         self.groups: dict[str, list[Demonstration]] = defaultdict(list)
         for demo in demos:
             self.groups[demo.group].append(demo)
