@@ -28,7 +28,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from envs import EnvError, score_words
+from envs import EnvError
 from rl.algo.optim import build_lr_scheduler, build_optimizer
 from rl.job import distributed as dp
 from rl.job.bookkeeping import log_step, open_logger, resume
@@ -110,7 +110,7 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     if final_eval:
         with timer("eval"):
             evals.append(eval_point(parts, cfg, "grpo", cfg.num_steps, bars, transfer=True))
-    words = score_words(parts.env)
+    words = parts.env.score_words
     summary = run_summary(evals, cfg.seed, time.monotonic() - started, cfg.sft.steps, words)
     if logger is not None:
         if final_eval:

@@ -100,7 +100,7 @@ def grpo_records(path: Path) -> dict[int, dict]:
 
 def drawn_tasks(parts, samples_path: Path, group_size: int) -> list[list[dict]]:
     """Each step's task rows, found by their prompts in samples.jsonl (G rows per prompt, groups in order)."""
-    prefix = getattr(parts.env, "response_prefix", "")
+    prefix = parts.env.response_prefix
     by_prompt = {
         parts.tokenizer.decode(
             prompt_token_ids(parts.tokenizer, parts.env.start(task).messages, prefix)

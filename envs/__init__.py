@@ -1,13 +1,16 @@
-"""Environments: the Env protocol, reward combination, the registry, and the built-in SQL environments."""
+"""Environments: the Env protocol and its base (the optional features' defaults), reward combination, the
+registry, and the built-in SQL environments."""
 
 from envs.base import (
+    BaseEnv,
     Env,
     EnvError,
     Episode,
+    PlayedEpisode,
     ScoreWords,
     StepResult,
-    score_words,
     start_episodes,
+    with_defaults,
 )
 from envs.registry import (
     BUILTIN_ENVS,
@@ -22,11 +25,13 @@ from envs.stepping import DEFAULT_STEP_TIMEOUT_S, step_episodes
 
 __all__ = [
     "BUILTIN_ENVS",
+    "BaseEnv",
     "DEFAULT_STEP_TIMEOUT_S",
     "ENTRY_POINT_GROUP",
     "Env",
     "EnvError",
     "Episode",
+    "PlayedEpisode",
     "RewardBreakdown",
     "RewardFn",
     "ScoreWords",
@@ -36,7 +41,7 @@ __all__ = [
     "make_env",
     "plugin_config_dirs",
     "plugin_env_config",
-    "score_words",
     "start_episodes",
     "step_episodes",
+    "with_defaults",
 ]

@@ -5,10 +5,15 @@ returned ``StepResult.observation`` (text, or None) is environment-written: the 
 tokens to the sample masked out of the loss. ``envs.stepping.step_episodes`` steps many episodes at once,
 each under a time limit, and turns an exception, a hang or a reward that is not a finite number inside a
 plugin's ``step`` into reward 0 plus an error in ``info``, never a crash.
+
+An env is either a ``BaseEnv`` subclass, which overrides the optional features it has, or any object that
+meets the ``Env`` protocol and declares them as attributes of the same names; ``with_defaults`` gives the
+latter ``BaseEnv``'s defaults for what it leaves out, so the rest of the code reads one interface.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -41,21 +46,19 @@ class Episode(Protocol):
     def step(self, action_text: str) -> StepResult: ...
 
 
+class PlayedEpisode(Protocol):
+    """An episode as played (``rl.job.play.Trajectory``): its reward summed over its steps, and each reward
+    component summed likewise (empty when the episode failed)."""
+
+    reward: float
+    rewards: dict[str, float]
+
+
 @runtime_checkable
 class Env(Protocol):
-    """Built once from flat keyword arguments; ``start`` turns a task row into an episode.
-
-    An env may also declare ``stop``: strings that end a turn's generation (e.g. a closing tag), so the
-    environment answers as soon as an action is complete, and ``response_prefix``: text that opens the
-    model's first reply (e.g. "```sql\nSELECT"), placed after the prompt so the model continues it. The
-    prefix is part of the prompt, never trained on, and is put back in front of the first action. An env
-    that can show an ideal first reply declares ``demonstration(task) -> str | None`` (starting with the
-    response prefix); a supervised warm start (``sft.steps``) trains on those before GRPO. An env that
-    can tell a task row it cannot play declares ``check_task(task)``, raising ValueError that says why;
-    every row is checked once when the tasks load (``envs.tasks.task_splits``). An env names its held-out
-    score in its own words with ``score_words`` (a ``ScoreWords``), which the run's summary, W&B and
-    ``summary.json`` use.
-    """
+    """What a plugin must be: built once from flat keyword arguments; ``start`` turns a task row into an
+    episode. Its optional features are ``BaseEnv``'s; a plugin that does not subclass it may declare any of
+    them under the same names."""
 
     max_turns: int
 
@@ -71,15 +74,86 @@ class ScoreWords:
     tasks: str = "tasks"
 
 
-def score_words(env: object) -> ScoreWords:
-    """The env's declared ``score_words``, or the plain ones."""
-    words = getattr(env, "score_words", None)
-    return words if isinstance(words, ScoreWords) else ScoreWords()
+class BaseEnv(ABC):
+    """An env with every optional feature at its default; a subclass sets ``max_turns``, defines ``start``,
+    and overrides the features it has.
+
+    ``stop``: strings that end a turn's generation (e.g. a closing tag), so the environment answers as soon
+    as an action is complete. ``response_prefix``: text that opens the model's first reply (e.g.
+    "```sql\\nSELECT"), placed after the prompt so the model continues it; it is part of the prompt, never
+    trained on, and is put back in front of the first action. ``score_words``: what the run's summary, W&B
+    and ``summary.json`` call the held-out score.
+    """
+
+    max_turns: int
+    stop: tuple[str, ...] = ()
+    response_prefix: str = ""
+    score_words: ScoreWords = ScoreWords()
+
+    @abstractmethod
+    def start(self, task: Mapping[str, Any]) -> Episode:
+        """An episode of the task row ``task``."""
+
+    def demonstration(self, task: Mapping[str, Any]) -> str | None:
+        """The ideal first reply to ``task``, starting with the response prefix, or None (none: the default).
+        A supervised warm start (``sft.steps``) trains on these before GRPO."""
+        return None
+
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        """Raise ValueError, saying why, for a task row the env cannot play (the default plays any row).
+        Every row is checked once when the tasks load (``envs.tasks.task_splits``)."""
+        return None
+
+    def is_success(self, episode: PlayedEpisode) -> bool:
+        """Whether a played episode solved its task: what held-out accuracy, pass@k and the curriculum
+        count. The default: a positive reward."""
+        return episode.reward > 0
+
+
+class PluginEnv(BaseEnv):
+    """A plugin that meets the ``Env`` protocol alone, seen as a ``BaseEnv``: the optional features it
+    declares are read here, once, and ``BaseEnv``'s defaults stand for the rest."""
+
+    def __init__(self, plugin: Env) -> None:
+        self.plugin = plugin
+        self.stop = tuple(getattr(plugin, "stop", BaseEnv.stop))
+        self.response_prefix = getattr(plugin, "response_prefix", BaseEnv.response_prefix)
+        words = getattr(plugin, "score_words", None)
+        self.score_words = words if isinstance(words, ScoreWords) else BaseEnv.score_words
+        self._demonstration = getattr(plugin, "demonstration", None)
+        self._check_task = getattr(plugin, "check_task", None)
+        self._is_success = getattr(plugin, "is_success", None)
+
+    @property
+    def max_turns(self) -> int:
+        return self.plugin.max_turns
+
+    def start(self, task: Mapping[str, Any]) -> Episode:
+        return self.plugin.start(task)
+
+    def demonstration(self, task: Mapping[str, Any]) -> str | None:
+        if self._demonstration is None:
+            return super().demonstration(task)
+        return self._demonstration(task)
+
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        if self._check_task is not None:
+            self._check_task(task)
+
+    def is_success(self, episode: PlayedEpisode) -> bool:
+        if self._is_success is None:
+            return super().is_success(episode)
+        return bool(self._is_success(episode))
+
+
+def with_defaults(env: Env) -> BaseEnv:
+    """``env`` as a ``BaseEnv``: itself when it is one, else its ``PluginEnv``."""
+    return env if isinstance(env, BaseEnv) else PluginEnv(env)
 
 
 def plugin_name(obj: object) -> str:
     """The dotted name of the class behind an env or episode, used in error messages."""
-    cls = type(obj)
+    cls = type(obj.plugin if isinstance(obj, PluginEnv) else obj)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 

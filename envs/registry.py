@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from envs.base import Env, EnvError, plugin_name
+from envs.base import BaseEnv, Env, EnvError, plugin_name, with_defaults
 
 ENTRY_POINT_GROUP = "pagedrl.envs"
 PLUGIN_CONFIG_DIR = "conf"  # inside a plugin's top-level package
@@ -94,8 +94,9 @@ def _resolve(name: str) -> tuple[str, Callable[..., Any]]:
     )
 
 
-def make_env(spec: str | Mapping[str, Any], **kwargs: Any) -> Env:
-    """Build an env from a name, a dotted path, or a mapping with ``name``/``_target_`` and flat kwargs."""
+def make_env(spec: str | Mapping[str, Any], **kwargs: Any) -> BaseEnv:
+    """Build an env from a name, a dotted path, or a mapping with ``name``/``_target_`` and flat kwargs; a
+    plugin that is no ``BaseEnv`` comes back with its defaults (``with_defaults``)."""
     if isinstance(spec, Mapping):
         kwargs = {**{k: v for k, v in spec.items() if k not in ("name", "_target_")}, **kwargs}
         name = spec.get("_target_") or spec.get("name")
@@ -116,4 +117,4 @@ def make_env(spec: str | Mapping[str, Any], **kwargs: Any) -> Env:
             f"env plugin {name!r} ({target}) built {plugin_name(env)}, which is not an Env: it needs a "
             "'max_turns' attribute and a 'start(task)' method"
         )
-    return env
+    return with_defaults(env)

@@ -9,7 +9,7 @@ import hydra
 from datasets import Dataset, DatasetDict
 from hydra.errors import InstantiationException
 
-from envs.base import Env, EnvError
+from envs.base import Env, EnvError, with_defaults
 
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
@@ -34,8 +34,8 @@ def task_splits(tasks: Any, env: Env, source: str, seed: int) -> DatasetDict:
     """The train and test splits of what the task source ``source`` returned.
 
     A ``DatasetDict`` (or mapping) with ``train`` and ``test`` Datasets is used as it is; one ``Dataset`` is
-    split 90/10 with ``seed``. When ``env`` declares ``check_task(task)``, every row is checked first, so a
-    row the env cannot play stops the run at start-up with its split and index named.
+    split 90/10 with ``seed``. Every row goes through the env's ``check_task`` first, so a row the env cannot
+    play stops the run at start-up with its split and index named.
     """
     if isinstance(tasks, Dataset):
         _check_rows(tasks, env, f"row {{}} of the tasks from {source}")
@@ -56,9 +56,7 @@ def task_splits(tasks: Any, env: Env, source: str, seed: int) -> DatasetDict:
 
 
 def _check_rows(rows: Dataset, env: Env, where: str) -> None:
-    check = getattr(env, "check_task", None)
-    if check is None:
-        return
+    check = with_defaults(env).check_task
     for index, row in enumerate(rows):
         try:
             check(row)

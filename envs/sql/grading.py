@@ -1,4 +1,5 @@
-"""Grading a completion against a task's gold query, and the SQL reward components built on it."""
+"""Grading a completion against a task's gold query, the SQL reward components built on it, and what the SQL
+envs share: a success is an execution match."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
 
-from envs.base import ScoreWords
+from envs.base import BaseEnv, PlayedEpisode, ScoreWords
 from envs.rewards import WeightedRewards
 from envs.sql.match import gold_result, has_top_level_order_by, result_overlap, results_match, run_for_grading
-from envs.sql.prompts import extract_sql
+from envs.sql.prompts import check_sql_task, extract_sql
 
+EXECUTION = "execution"  # the reward component of the execution match
 # a held-out success is an execution match; the held-out tasks are on databases that training never sees
 SQL_SCORE_WORDS = ScoreWords(success="execution accuracy", tasks="tasks on unseen schemas")
 _SQL_FENCE = re.compile(r"```[ \t]*sql\b.*?```", re.DOTALL | re.IGNORECASE)
@@ -98,12 +100,12 @@ def sql_rewards(
     timeout_s: float,
     partial_weight: float = 0.0,
 ) -> WeightedRewards:
-    """Components ``execution`` (weight 1), ``validity`` (penalties, weight 1), and the optional ``partial``
-    (result overlap, dense credit that gives a weak policy a gradient before it gets answers right) and
-    ``format``."""
+    """Components ``execution`` (EXECUTION, weight 1), ``validity`` (penalties, weight 1), and the optional
+    ``partial`` (result overlap, dense credit that gives a weak policy a gradient before it gets answers
+    right) and ``format``."""
     return WeightedRewards(
         {
-            "execution": (partial(execution_reward, timeout_s=timeout_s), 1.0),
+            EXECUTION: (partial(execution_reward, timeout_s=timeout_s), 1.0),
             "partial": (partial(partial_reward, timeout_s=timeout_s), partial_weight),
             "validity": (
                 partial(
@@ -117,3 +119,19 @@ def sql_rewards(
             "format": (sql_fence_format, format_weight),
         }
     )
+
+
+class ExecutionMatchEnv(BaseEnv):
+    """What the SQL envs share: a task is solved when the final query's result matches the gold query's (a
+    full ``execution`` component, whatever the penalties and partial credit made the reward), reports call
+    that execution accuracy, and every task row is checked at load."""
+
+    score_words = SQL_SCORE_WORDS
+
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        """Refuse a task row this env cannot play (see ``prompts.check_sql_task``)."""
+        check_sql_task(task)
+
+    def is_success(self, episode: PlayedEpisode) -> bool:
+        """An execution match; an episode that failed (no reward components) is not one."""
+        return episode.rewards.get(EXECUTION, 0.0) >= 1.0

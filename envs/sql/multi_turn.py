@@ -12,8 +12,8 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import SQL_SCORE_WORDS, check_reward_args, grade_completion, sql_rewards
-from envs.sql.prompts import check_sql_task, format_result, task_messages
+from envs.sql.grading import ExecutionMatchEnv, check_reward_args, grade_completion, sql_rewards
+from envs.sql.prompts import format_result, task_messages
 from envs.sql.sandbox import execute
 
 MULTI_TURN_INSTRUCTIONS = (
@@ -73,11 +73,10 @@ class SqlMultiTurnEpisode:
         return StepResult(_observation(text), 0.0, False, info={"sql": queries[-1].strip(), "ok": result.ok})
 
 
-class SqlMultiTurnEnv:
+class SqlMultiTurnEnv(ExecutionMatchEnv):
     """Multi-turn text-to-SQL in the style of SkyRL-SQL."""
 
     stop = ("</sql>", "</answer>")  # a turn ends where the env takes over
-    score_words = SQL_SCORE_WORDS
 
     def __init__(
         self,
@@ -103,10 +102,6 @@ class SqlMultiTurnEnv:
         self.observation_max_rows = observation_max_rows
         self.observation_max_chars = observation_max_chars
         self.response_prefix = response_prefix
-
-    def check_task(self, task: Mapping[str, Any]) -> None:
-        """Refuse a task row this env cannot play (see ``prompts.check_sql_task``); run at task load."""
-        check_sql_task(task)
 
     def demonstration(self, task: Mapping[str, Any]) -> str:
         """The ideal first reply to ``task``: its gold query as the final answer, so a warm start teaches the

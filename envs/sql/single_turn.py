@@ -7,8 +7,8 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import SQL_SCORE_WORDS, check_reward_args, grade_completion, sql_rewards
-from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, check_sql_task, task_messages
+from envs.sql.grading import ExecutionMatchEnv, check_reward_args, grade_completion, sql_rewards
+from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, task_messages
 
 
 class SqlEpisode:
@@ -40,11 +40,10 @@ class SqlEpisode:
         return StepResult(None, breakdown.total, True, info=info, rewards=breakdown.components)
 
 
-class SqlEnv:
+class SqlEnv(ExecutionMatchEnv):
     """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``)."""
 
     max_turns = 1
-    score_words = SQL_SCORE_WORDS
 
     def __init__(
         self,
@@ -66,10 +65,6 @@ class SqlEnv:
         # Generation ends at the closing fence of the ```sql block: nothing after it is graded. When the
         # prefix opened the fence, the reply's first fence is the closing one, even on the query's own line.
         self.stop = ("```",) if "```" in response_prefix else ("\n```\n",)
-
-    def check_task(self, task: Mapping[str, Any]) -> None:
-        """Refuse a task row this env cannot play (see ``prompts.check_sql_task``); run at task load."""
-        check_sql_task(task)
 
     def demonstration(self, task: Mapping[str, Any]) -> str:
         """The ideal reply to ``task``: its gold query in a ```sql fence (what a warm start trains on)."""

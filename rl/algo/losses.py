@@ -17,17 +17,7 @@ import torch
 from rl.algo.aggregation import LossType, aggregation
 from rl.algo.importance import IS_MODES, MAX_LOG_RATIO
 from rl.algo.objectives import POLICY_LOSSES, cispo_surrogate, clipped_surrogate, sapo_surrogate
-from rl.settings import (
-    ConfigError,
-    Rule,
-    at_least,
-    choice,
-    choices,
-    number,
-    optional,
-    positive,
-    rule_problems,
-)
+from rl.settings import Settings, at_least, choice, choices, number, optional, positive, refuse
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KLEstimator = choices("KLEstimator", KL_ESTIMATORS)
@@ -35,31 +25,8 @@ PolicyLoss = choices("PolicyLoss", POLICY_LOSSES)
 ISMode = choices("ISMode", ("none", *IS_MODES))
 
 
-# what a type cannot say about LossConfig's settings; rl.job.config_checks checks them as algo.*
-LOSS_RULES: tuple[Rule, ...] = (
-    ("eps_low", lambda v: number(v) and 0 <= v < 1, "use a number with 0 <= eps_low < 1"),
-    ("eps_high", at_least(0), "use a finite number >= 0"),
-    (
-        "dual_clip_c",
-        optional(lambda v: number(v) and 1 < v < math.inf),
-        "dual_clip_c must be > 1 (typically 3); use None (null) to disable it",
-    ),
-    ("beta", at_least(0), "use a finite number >= 0"),
-    ("num_iterations", at_least(1), "use an integer >= 1"),
-    ("is_cap", positive, "use a finite number > 0"),
-    (
-        "cispo_eps_high",
-        at_least(0),
-        "use a finite number >= 0 (CISPO caps the IS weight at 1 + cispo_eps_high; TRL's epsilon_high=5.0 "
-        "for loss_type='cispo' is cispo_eps_high=4.0)",
-    ),
-    ("sapo_tau_pos", positive, "use a finite number > 0 (the SAPO paper uses 1.0)"),
-    ("sapo_tau_neg", positive, "use a finite number > 0 (the SAPO paper uses 1.05)"),
-)
-
-
 def combination_problems(values: Any, prefix: str = "") -> list[str]:
-    """What LOSS_RULES, one key at a time, cannot see: settings that do not go together, named as
+    """What LossConfig.RULES, one key at a time, cannot see: settings that do not go together, named as
     `rule_problems` names them. `values`: a LossConfig, or the algo.* config node (read by attribute)."""
     policy_loss = PolicyLoss(values.policy_loss).value
     if policy_loss != "clip" and values.dual_clip_c is not None:
@@ -72,13 +39,35 @@ def combination_problems(values: Any, prefix: str = "") -> list[str]:
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Settings):
     """How a step turns a rollout batch into an update: the algo.* keys that `rl.algo.trainer.train_step`
     reads.
 
     It is the schema of those keys (`rl.job.config.AlgoConfig` extends it) and the value train_step takes.
-    Checked once, when built; the choices may be given as strings (``LossConfig(loss_type="dapo")``).
+    Built in Python, it checks itself with its rules (those `rl.job.config_checks` applies to the algo.*
+    keys); the choices may be given as strings (``LossConfig(loss_type="dapo")``).
     """
+
+    RULES = (  # what a type cannot say about these settings (rl.job.config_checks: as algo.*)
+        ("eps_low", lambda v: number(v) and 0 <= v < 1, "use a number with 0 <= eps_low < 1"),
+        ("eps_high", at_least(0), "use a finite number >= 0"),
+        (
+            "dual_clip_c",
+            optional(lambda v: number(v) and 1 < v < math.inf),
+            "dual_clip_c must be > 1 (typically 3); use None (null) to disable it",
+        ),
+        ("beta", at_least(0), "use a finite number >= 0"),
+        ("num_iterations", at_least(1), "use an integer >= 1"),
+        ("is_cap", positive, "use a finite number > 0"),
+        (
+            "cispo_eps_high",
+            at_least(0),
+            "use a finite number >= 0 (CISPO caps the IS weight at 1 + cispo_eps_high; TRL's "
+            "epsilon_high=5.0 for loss_type='cispo' is cispo_eps_high=4.0)",
+        ),
+        ("sapo_tau_pos", positive, "use a finite number > 0 (the SAPO paper uses 1.0)"),
+        ("sapo_tau_neg", positive, "use a finite number > 0 (the SAPO paper uses 1.05)"),
+    )
 
     loss_type: LossType = LossType.grpo  # the aggregation (rl.algo.aggregation)
     policy_loss: PolicyLoss = PolicyLoss.clip  # the per-token objective: clip, cispo or sapo
@@ -102,9 +91,12 @@ class LossConfig:
         self.policy_loss = choice(PolicyLoss, self.policy_loss, "policy_loss")
         self.kl_estimator = choice(KLEstimator, self.kl_estimator, "kl_estimator")
         self.is_mode = choice(ISMode, self.is_mode, "is_mode")
-        problems = rule_problems(LOSS_RULES, self) + combination_problems(self)
-        if problems:
-            raise ConfigError("; ".join(problems))
+        refuse(self.problems(self))
+
+    @classmethod
+    def problems(cls, values: Any, prefix: str = "") -> list[str]:
+        """RULES, then the settings that do not go together (`combination_problems`)."""
+        return super().problems(values, prefix) + combination_problems(values, prefix)
 
 
 @dataclass(slots=True)

@@ -7,9 +7,14 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from rl.settings import ConfigError
+from rl.settings import ConfigError, Rule, at_least, check_args, number, positive
 
 SCHEDULES = ("constant", "cosine")
+# the optimiser's trainer.* keys (rl.job.config.TrainerConfig; lr also sft.lr), as these functions take them
+LR_RULE: Rule = ("lr", positive, "use a finite number > 0")
+WEIGHT_DECAY_RULE: Rule = ("weight_decay", at_least(0), "use a finite number >= 0")
+WARMUP_STEPS_RULE: Rule = ("warmup_steps", at_least(0), "use an integer >= 0")
+MIN_LR_RATIO_RULE: Rule = ("min_lr_ratio", lambda v: number(v) and 0 <= v <= 1, "use a number in [0, 1]")
 
 
 def build_optimizer(
@@ -26,8 +31,7 @@ def build_optimizer(
             "the model has no trainable parameters; wrap it with peft.get_peft_model(model, LoraConfig(...)) "
             "or unfreeze the parameters to train"
         )
-    if lr <= 0.0:
-        raise ValueError(f"learning rate must be > 0, got {lr}")
+    check_args((LR_RULE, WEIGHT_DECAY_RULE), lr=lr, weight_decay=weight_decay)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
 
 
@@ -57,10 +61,7 @@ def build_lr_scheduler(
     """A LambdaLR following `lr_factor`; step it once per optimizer step."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown LR schedule {schedule!r}; choose one of {SCHEDULES}")
-    if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(
-            f"need warmup_steps >= 0 and 0 <= min_lr_ratio <= 1, got {warmup_steps}, {min_lr_ratio}"
-        )
+    check_args((WARMUP_STEPS_RULE, MIN_LR_RATIO_RULE), warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
     if schedule == "cosine" and (num_training_steps is None or num_training_steps <= warmup_steps):
         raise ConfigError(
             f"the cosine schedule needs num_training_steps > warmup_steps ({warmup_steps}), "

@@ -18,6 +18,16 @@ from rl.algo.importance import ISCorrection, importance_weights
 from rl.algo.logprobs import token_logprobs, unwrap_ddp
 from rl.algo.losses import LossConfig, LossStats, compute_policy_loss
 from rl.algo.step_stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
+from rl.settings import Rule, at_least, check_args, optional, positive
+
+# the trainer.* keys of a step's micro-batches and clipping (rl.job.config.TrainerConfig), as train_step
+# takes them
+MICRO_BATCH_SIZE_RULE: Rule = ("micro_batch_size", at_least(1), "use an integer >= 1")
+MAX_GRAD_NORM_RULE: Rule = (
+    "max_grad_norm",
+    optional(positive),
+    "use a finite number > 0, or None (null) for no clipping",
+)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -162,13 +172,6 @@ def rows_that_train(batch: RolloutBatch, loss: LossConfig, max_completion_length
     return trains.nonzero()[:, 0]
 
 
-def _check_step_args(micro_batch_size: int, max_grad_norm: float | None) -> None:
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    if max_grad_norm is not None and max_grad_norm <= 0.0:
-        raise ValueError(f"max_grad_norm must be > 0, or None to disable clipping; got {max_grad_norm}")
-
-
 def optimizer_step(optimizer, scheduler, params, max_grad_norm: float | None, loss: torch.Tensor):
     """Clip and step unless the loss or the gradient is non-finite; returns (stepped, grad_norm, lr)."""
     grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
@@ -234,7 +237,11 @@ def train_step(
     sampler/trainer mismatch are then over the rows that ran. temperature: the sampling temperature;
     max_completion_length: the generation length limit (loss_type dr_grpo divides by it).
     """
-    _check_step_args(micro_batch_size, max_grad_norm)
+    check_args(
+        (MICRO_BATCH_SIZE_RULE, MAX_GRAD_NORM_RULE),
+        micro_batch_size=micro_batch_size,
+        max_grad_norm=max_grad_norm,
+    )
     if loss.mask_truncated_completions:
         batch = dataclasses.replace(batch, loss_mask=batch.loss_mask & ~batch.truncated[:, None])
     counts = _per_rank_counts(model, batch, model_device(model))

@@ -2,9 +2,11 @@
 
 Every group's YAML is merged into these dataclasses, so an unknown key or a value of the wrong type is
 rejected at composition with a message that names the key; the YAML files hold only what differs from
-these defaults. Value ranges are checked before any work starts by `rl.job.config_checks.check_config`.
+these defaults. Each group owns the value ranges of its keys (its ``RULES``, an `rl.settings.Settings`), and
+`rl.job.config_checks.check_config` checks them all, once, before any work starts.
 
-Only `train.py` reads the config tree; components take flat arguments, or one typed value. A component's
+Only the job reads the config tree (`train.py` and the modules of `rl.job` it runs: parts, grpo_step,
+stages, bookkeeping, modes, and `serve.command`); components take flat arguments, or one typed value. A component's
 own settings live beside it and are assembled here: `rl.algo.losses.LossConfig` (the algo.* keys of the
 update, which `train_step` takes as they are), and `rl.sync.adapter.LoraConfig`, `rl.job.logger.LoggerConfig`
 and `rl.job.curriculum.CurriculumConfig`, whose fields are the defaults of `add_lora`, `RunLogger` and
@@ -26,11 +28,12 @@ from omegaconf import MISSING
 from envs import plugin_config_dirs
 from rl.algo.advantages import ESTIMATORS, SCALES
 from rl.algo.losses import LossConfig
-from rl.algo.optim import SCHEDULES
+from rl.algo.optim import LR_RULE, SCHEDULES, WARMUP_STEPS_RULE, WEIGHT_DECAY_RULE
+from rl.algo.trainer import MAX_GRAD_NORM_RULE, MICRO_BATCH_SIZE_RULE
 from rl.job.curriculum import CurriculumConfig
 from rl.job.logger import LoggerConfig
 from rl.job.model_loading import DTYPES, MODEL_NAMES
-from rl.settings import choices
+from rl.settings import Settings, at_least, choices, fraction, optional, positive
 from rl.sync.adapter import LoraConfig
 
 ModelName = choices("ModelName", MODEL_NAMES)
@@ -52,7 +55,22 @@ class ModelConfig:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(Settings):
+    RULES = (
+        ("memory_fraction", fraction, "use a fraction in (0, 1]"),
+        ("memory_budget_bytes", optional(at_least(1)), "use a number of bytes >= 1, or null (system RAM)"),
+        ("block_size", at_least(1), "use an integer >= 1 (tokens per KV block)"),
+        ("max_num_seqs", at_least(1), "use an integer >= 1"),
+        ("max_num_batched_tokens", at_least(1), "use an integer >= 1"),
+        ("max_model_len", optional(at_least(1)), "use an integer >= 1, or null (the model's own)"),
+        ("temperature", positive, "use a finite number > 0 (GRPO samples a group of different answers)"),
+        ("top_p", fraction, "use a fraction in (0, 1] (1 disables it)"),
+        ("top_k", lambda v: v == -1 or at_least(1)(v), "use -1 (disabled) or an integer >= 1"),
+        ("max_tokens", at_least(1), "use an integer >= 1 (tokens per turn)"),
+        ("max_completion_tokens", at_least(1), "use an integer >= 1 (tokens per episode)"),
+        ("sync_bucket_mb", at_least(1), "use an integer >= 1"),
+    )
+
     placement: Placement = Placement.inprocess  # process: the engine runs in a rollout-worker process
     memory_fraction: float = 0.35
     memory_budget_bytes: int | None = None  # CPU: the budget the fraction applies to (None: system RAM)
@@ -73,6 +91,11 @@ class RolloutConfig:
 class AlgoConfig(LossConfig):
     """The algo.* keys: GRPO groups and their advantages here, the policy update's in LossConfig."""
 
+    RULES = (
+        ("group_size", at_least(2), "use an integer >= 2 (GRPO compares the samples of a group)"),
+        *LossConfig.RULES,
+    )
+
     group_size: int = 8
     estimator: Estimator = Estimator.grpo
     scale: AdvantageScale = AdvantageScale.group
@@ -80,7 +103,12 @@ class AlgoConfig(LossConfig):
 
 
 @dataclass
-class EnvConfig:
+class EnvConfig(Settings):
+    RULES = (
+        ("eval_tasks", at_least(1), "use an integer >= 1"),
+        ("step_timeout_s", positive, "use a finite number of seconds > 0"),
+    )
+
     name: str = MISSING  # built-in name, `pagedrl.envs` entry point, or dotted path
     args: dict[str, Any] = field(default_factory=dict)  # the env's flat constructor arguments
     tasks: dict[str, Any] = field(default_factory=dict)  # `_target_` returning a DatasetDict(train, test)
@@ -92,9 +120,11 @@ class EnvConfig:
 
 
 @dataclass
-class TransferConfig:
+class TransferConfig(Settings):
     """A second held-out set (``transfer=spider``): the test split of another task source, scored like the
     env's own at the base, after the warm start and at the end. No `tasks`: none (``transfer=none``)."""
+
+    RULES = (("eval_tasks", at_least(1), "use an integer >= 1"),)
 
     tasks: dict[str, Any] = field(default_factory=dict)  # `_target_` returning a DatasetDict(train, test)
     eval_tasks: int = 500  # tasks sampled from its test split
@@ -103,18 +133,26 @@ class TransferConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Settings):
+    RULES = (LR_RULE, WEIGHT_DECAY_RULE, WARMUP_STEPS_RULE, MAX_GRAD_NORM_RULE, MICRO_BATCH_SIZE_RULE)
+
     lr: float = 2e-5
     weight_decay: float = 0.0
     lr_schedule: Schedule = Schedule.constant
     warmup_steps: int = 0
-    max_grad_norm: float = 1.0
+    max_grad_norm: float | None = 1.0  # None (null): no clipping
     micro_batch_size: int = 8
 
 
 @dataclass
-class SftConfig:
+class SftConfig(Settings):
     """The supervised warm start on the env's demonstrations of training tasks, run before GRPO."""
+
+    RULES = (
+        ("steps", at_least(0), "use an integer >= 0 (0: no warm start)"),
+        ("batch_size", at_least(1), "use an integer >= 1"),
+        LR_RULE,
+    )
 
     steps: int = 0  # 0: no warm start
     batch_size: int = 16
@@ -122,8 +160,12 @@ class SftConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Settings):
     """mode=eval's sampled scoring, beside its greedy accuracy."""
+
+    RULES = (
+        ("samples", at_least(0), "use an integer >= 0 (0: greedy accuracy alone; K: pass@k from K samples)"),
+    )
 
     samples: int = 0  # K > 0: pass@k for k = 1, 2, 4 ... K from K samples per task at the rollout's settings
 
@@ -136,8 +178,12 @@ class ExportConfig:
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(Settings):
     """mode=serve: the OpenAI-compatible server over the engine (serve/)."""
+
+    RULES = (
+        ("port", lambda v: at_least(0)(v) and v <= 65535, "use a port in [0, 65535] (0: any free port)"),
+    )
 
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port (the start-up line names it)
@@ -145,7 +191,19 @@ class ServeConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Settings):
+    RULES = (
+        (
+            "num_steps",
+            at_least(0),
+            "use an integer >= 0 (0: the stages before GRPO alone, as an SFT-only control)",
+        ),
+        ("prompts_per_step", at_least(1), "use an integer >= 1"),
+        ("eval_every", at_least(0), "use an integer >= 0 (0: evaluate only before and after training)"),
+        ("checkpoint_every", at_least(0), "use an integer >= 0 (0: no checkpoints)"),
+        ("keep_checkpoints", at_least(1), "use an integer >= 1"),
+    )
+
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)

@@ -1,9 +1,10 @@
 """The value ranges of the config tree, checked once before any work starts.
 
 The schemas in ``rl.job.config`` fix each key's type at composition; ``check_config`` adds what a type cannot
-say (``prompts_per_step`` >= 1, ``top_p`` in (0, 1], a finite temperature ...) and refuses a device this
-machine lacks, so a bad value costs seconds, not a model load or a first training step. Every bad key is
-named in one ConfigError, with the range it accepts.
+say (``prompts_per_step`` >= 1, ``top_p`` in (0, 1], a finite temperature ...): the rules each group owns
+(its ``RULES``), the keys that do not go together, and a device this machine lacks, so a bad value costs
+seconds, not a model load or a first training step. Every bad key is named in one ConfigError, with the range
+it accepts.
 """
 
 from __future__ import annotations
@@ -13,82 +14,15 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from envs import plugin_env_config
-from rl.algo.losses import LOSS_RULES, combination_problems
+from rl.job.config import TrainConfig
 from rl.job.model_loading import resolve_device
-from rl.settings import ConfigError, Rule, at_least, fraction, number, optional, positive, rule_problems
-from rl.sync.adapter import PROJECTIONS, TARGET_SHORTHANDS, resolve_target_modules
-
-
-def _lora_targets(value: str) -> bool:
-    try:
-        resolve_target_modules(value)
-    except ConfigError:
-        return False
-    return True
-
-
-RULES: tuple[Rule, ...] = (
-    (
-        "num_steps",
-        at_least(0),
-        "use an integer >= 0 (0: the stages before GRPO alone, as an SFT-only control)",
-    ),
-    ("prompts_per_step", at_least(1), "use an integer >= 1"),
-    ("eval_every", at_least(0), "use an integer >= 0 (0: evaluate only before and after training)"),
-    ("checkpoint_every", at_least(0), "use an integer >= 0 (0: no checkpoints)"),
-    ("keep_checkpoints", at_least(1), "use an integer >= 1"),
-    ("rollout.memory_fraction", fraction, "use a fraction in (0, 1]"),
-    (
-        "rollout.memory_budget_bytes",
-        optional(at_least(1)),
-        "use a number of bytes >= 1, or null (system RAM)",
-    ),
-    ("rollout.block_size", at_least(1), "use an integer >= 1 (tokens per KV block)"),
-    ("rollout.max_num_seqs", at_least(1), "use an integer >= 1"),
-    ("rollout.max_num_batched_tokens", at_least(1), "use an integer >= 1"),
-    ("rollout.max_model_len", optional(at_least(1)), "use an integer >= 1, or null (the model's own)"),
-    ("rollout.temperature", positive, "use a finite number > 0 (GRPO samples a group of different answers)"),
-    ("rollout.top_p", fraction, "use a fraction in (0, 1] (1 disables it)"),
-    ("rollout.top_k", lambda v: v == -1 or at_least(1)(v), "use -1 (disabled) or an integer >= 1"),
-    ("rollout.max_tokens", at_least(1), "use an integer >= 1 (tokens per turn)"),
-    ("rollout.max_completion_tokens", at_least(1), "use an integer >= 1 (tokens per episode)"),
-    ("rollout.sync_bucket_mb", at_least(1), "use an integer >= 1"),
-    ("algo.group_size", at_least(2), "use an integer >= 2 (GRPO compares the samples of a group)"),
-    ("env.eval_tasks", at_least(1), "use an integer >= 1"),
-    ("env.step_timeout_s", positive, "use a finite number of seconds > 0"),
-    ("transfer.eval_tasks", at_least(1), "use an integer >= 1"),
-    (
-        "lora.target_modules",
-        _lora_targets,
-        f"use one of {sorted(TARGET_SHORTHANDS)} or comma-separated names from {list(PROJECTIONS)}",
-    ),
-    ("lora.rank", at_least(1), "use an integer >= 1"),
-    ("lora.alpha", positive, "use a finite number > 0"),
-    ("lora.dropout", lambda v: number(v) and 0 <= v < 1, "use a number in [0, 1)"),
-    ("trainer.lr", positive, "use a finite number > 0"),
-    ("trainer.weight_decay", at_least(0), "use a finite number >= 0"),
-    ("trainer.warmup_steps", at_least(0), "use an integer >= 0"),
-    ("trainer.max_grad_norm", positive, "use a finite number > 0"),
-    ("trainer.micro_batch_size", at_least(1), "use an integer >= 1"),
-    ("sft.steps", at_least(0), "use an integer >= 0 (0: no warm start)"),
-    ("sft.batch_size", at_least(1), "use an integer >= 1"),
-    ("sft.lr", positive, "use a finite number > 0"),
-    ("curriculum.prior_strength", at_least(0), "use a finite number >= 0"),
-    ("curriculum.min_attempts", at_least(1), "use an integer >= 1"),
-    ("logger.samples_every", at_least(1), "use an integer >= 1"),
-    ("eval.samples", at_least(0), "use an integer >= 0 (0: greedy accuracy alone; K: pass@k from K samples)"),
-    (
-        "serve.port",
-        lambda v: at_least(0)(v) and v <= 65535,
-        "use a port in [0, 65535] (0: any free port)",
-    ),
-)
+from rl.settings import ConfigError
 
 
 def config_problems(cfg: DictConfig) -> list[str]:
-    """One line per key whose value is outside its range (RULES, and `rl.algo.losses.LOSS_RULES` for algo)."""
-    problems = rule_problems(RULES, cfg) + rule_problems(LOSS_RULES, cfg.algo, prefix="algo.")
-    problems += combination_problems(cfg.algo, prefix="algo.")
+    """One line per key whose value is outside its range (each group's RULES: `TrainConfig.problems`), per
+    key left at ``???``, and per pair of keys that do not go together."""
+    problems = TrainConfig.problems(cfg)
     problems += [  # a value an option leaves to the user (a data root: env=spider, transfer=spider)
         f"{key}=???: this setting has no default; set it on the command line ({key}=...)"
         for key in _missing_keys(OmegaConf.to_container(cfg, resolve=False))

@@ -23,12 +23,17 @@ from typing import Any
 
 import torch
 
-from rl.settings import ConfigError
+from rl.settings import ConfigError, Settings, at_least
 
 
 @dataclass
-class CurriculumConfig:
+class CurriculumConfig(Settings):
     """Draw training tasks by their running pass rate instead of in seeded epochs (the curriculum.* keys)."""
+
+    RULES = (
+        ("prior_strength", at_least(0), "use a finite number >= 0"),
+        ("min_attempts", at_least(1), "use an integer >= 1"),
+    )
 
     enabled: bool = False
     pool_by: list[str] = field(default_factory=list)  # task fields whose tasks share a pass-rate estimate
@@ -54,11 +59,6 @@ class Curriculum:
     ) -> None:
         if len(tasks) == 0:
             raise ConfigError("the task set is empty; check the env's tasks config (env.tasks)")
-        if prior_strength < 0 or min_attempts < 1:
-            raise ValueError(
-                f"curriculum.prior_strength must be >= 0 and curriculum.min_attempts >= 1, got "
-                f"{prior_strength} and {min_attempts}"
-            )
         self.tasks = tasks
         self.seed = seed
         self.prior_strength = prior_strength

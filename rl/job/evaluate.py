@@ -8,10 +8,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs import BaseEnv, Env, with_defaults
 from rl.job.outcomes import TaskOutcome, mark_repeats, outcome_of
 from rl.job.play import Trajectory, play_groups
-
-SUCCESS_COMPONENT = "execution"  # SQL envs report the execution match under this reward name
 
 
 @dataclass(slots=True)
@@ -65,19 +64,17 @@ def wilson_interval(accuracy: float, num_tasks: int, z: float = 1.959964) -> tup
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def succeeded(trajectory: Trajectory) -> bool:
-    """Success is a full `execution` component when the env reports one, else a positive reward; a
-    non-finite value (which `envs.step_episodes` never lets through) is never a success."""
-    value = trajectory.rewards.get(SUCCESS_COMPONENT, trajectory.reward)
-    if not math.isfinite(value):
-        return False
-    return value >= 1.0 if SUCCESS_COMPONENT in trajectory.rewards else value > 0
+def succeeded(env: BaseEnv, trajectory: Trajectory) -> bool:
+    """Whether `env` counts the played episode as solved (its `is_success`); a reward or component that is
+    not a finite number (which `envs.step_episodes` never lets through) is never a success."""
+    values = [trajectory.reward, *trajectory.rewards.values()]
+    return all(map(math.isfinite, values)) and env.is_success(trajectory)
 
 
 def evaluate(
     engine: Any,
     tokenizer: Any,
-    env: Any,
+    env: Env,
     tasks: Sequence[dict[str, Any]],
     greedy_params: Any,
     step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
@@ -96,7 +93,7 @@ def evaluate(
 def play_eval(
     engine: Any,
     tokenizer: Any,
-    env: Any,
+    env: Env,
     tasks: Sequence[dict[str, Any]],
     greedy_params: Any,
     step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
@@ -105,13 +102,14 @@ def play_eval(
     labels: Sequence[str] = ("family", "difficulty", "db_id"),
     on_done: Callable[[int], None] | None = None,
 ) -> list[TaskOutcome]:
-    """Play each task once with `greedy_params` (temperature 0, n=1): one outcome per task, in order (the
-    keys of repeated tasks are numbered by `mark_repeats` once the whole set is together). The engine's
-    prefix cache is dropped afterwards: training never samples the held-out prompts, and an in-process
-    engine gives the memory of their KV blocks back to the trainer's next step. `on_done(n)` hears of
-    tasks as their episodes end, n at a time."""
+    """Play each task once with `greedy_params` (temperature 0, n=1): one outcome per task, in order, its
+    success as the env's `is_success` says (the keys of repeated tasks are numbered by `mark_repeats` once
+    the whole set is together). The engine's prefix cache is dropped afterwards: training never samples the
+    held-out prompts, and an in-process engine gives the memory of their KV blocks back to the trainer's
+    next step. `on_done(n)` hears of tasks as their episodes end, n at a time."""
     if not tasks:  # more ranks than held-out tasks: this rank's shard is empty
         return []
+    env = with_defaults(env)
     episodes = start_fn(env, tasks)
     trajectories = play_groups(
         engine,
@@ -120,12 +118,12 @@ def play_eval(
         greedy_params,
         step_fn,
         max_completion_tokens,
-        response_prefix=getattr(env, "response_prefix", ""),
+        response_prefix=env.response_prefix,
         on_done=on_done,
     )
     engine.reset_prefix_cache()
     return [
-        outcome_of(task, succeeded(t), t.reward, t.text, labels)
+        outcome_of(task, succeeded(env, t), t.reward, t.text, labels)
         for task, (t,) in zip(tasks, trajectories, strict=True)
     ]
 

@@ -35,7 +35,7 @@ def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0, rank: int 
         top_k=r.top_k,
         max_tokens=r.max_tokens,
         seed=cfg.seed * 1_000_003 + step * 7919 + round_ + rank * 1_000_000_007,
-        stop=list(getattr(env, "stop", ())) or None,
+        stop=list(env.stop) or None,
     )
 
 
@@ -84,10 +84,13 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
             sampling_params(cfg, parts.env, step, round_, parts.dist.rank),
             timed_env_step,
             cfg.rollout.max_completion_tokens,
-            response_prefix=getattr(parts.env, "response_prefix", ""),
+            response_prefix=parts.env.response_prefix,
         )
         if isinstance(stream, Curriculum):
-            outcomes = [(task, sum(map(succeeded, g)), len(g)) for task, g in zip(tasks, played, strict=True)]
+            outcomes = [
+                (task, sum(succeeded(parts.env, t) for t in g), len(g))
+                for task, g in zip(tasks, played, strict=True)
+            ]
             stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
         if cfg.algo.dynamic_sampling and played:
             keep = filter_zero_std_groups(group_rewards(played)).tolist()

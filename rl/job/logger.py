@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
-from rl.settings import choices
+from rl.settings import Settings, at_least, choices
 
 WANDB_MODES = ("offline", "online", "disabled")
 WandbMode = choices("WandbMode", WANDB_MODES)
@@ -49,8 +49,10 @@ class WandbConfig:
 
 
 @dataclass
-class LoggerConfig:
+class LoggerConfig(Settings):
     """The logger's settings (the logger.* keys); `RunLogger` takes them as flat arguments."""
+
+    RULES = (("samples_every", at_least(1), "use an integer >= 1"),)
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
     samples_every: int = 5  # a table of prompts, completions and rewards every N steps
@@ -112,8 +114,6 @@ class RunLogger:
             raise ValueError(
                 f"Unknown W&B mode {wandb_mode!r}: use one of {WANDB_MODES} (logger.wandb.mode)."
             )
-        if sample_every < 1:
-            raise ValueError(f"sample_every must be a positive number of steps, got {sample_every}.")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.sample_every = sample_every

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from envs import score_words
 from rl.job import distributed as dp
 from rl.job.config_checks import check_config
 from rl.job.eval_sets import HELD_OUT, EvalSet
@@ -25,7 +24,7 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     bars = ProgressBars(enabled=cfg.logger.progress and dist.is_main)
     # outcomes: RUN_DIR/evals/<set>_<stage>_<step>
     point = eval_point(parts, cfg, stage, step, bars, transfer=True)
-    success = score_words(parts.env).success
+    success = parts.env.score_words.success
     if dist.is_main:
         print(f"held-out greedy {success} ({cfg.checkpoint or 'base model'}):")
         print(point.result.table())

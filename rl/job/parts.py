@@ -13,7 +13,7 @@ from datasets import Dataset
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from envs import Env, make_env
+from envs import BaseEnv, make_env
 from envs.tasks import call_task_source, task_splits
 from rl.job import distributed as dp
 from rl.job.checkpoint import load_checkpoint
@@ -53,7 +53,7 @@ class Parts:
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     engine: RolloutEngine
-    env: Env
+    env: BaseEnv
     train_tasks: Dataset
     test_tasks: Dataset
     train_model: torch.nn.Module  # what train_step runs: the model, wrapped in DDP under torchrun

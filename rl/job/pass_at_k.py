@@ -4,7 +4,8 @@ The unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Tr
 samples successful, pass@k = 1 - C(n-c, k) / C(n, k), the chance that k samples drawn without replacement from
 the n are not all failures; a set's pass@k is its mean over the tasks. The n samples of a task are one engine
 request with n samples (as a GRPO group is), so they share the prompt's KV blocks; success is the greedy
-evaluation's `succeeded`. Per-task counts go to ``RUN_DIR/evals/<set>_passk_<stage>_<step>.jsonl``.
+evaluation's `succeeded` (the env's `is_success`). Per-task counts go to
+``RUN_DIR/evals/<set>_passk_<stage>_<step>.jsonl``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envs import Env, with_defaults
 from rl.job.evaluate import EvalResult, succeeded
 from rl.job.outcomes import outcome_path, task_key
 from rl.job.play import play_groups
@@ -60,7 +62,7 @@ def passk_path(run_dir: str | os.PathLike, set_name: str, stage: str, step: int)
 def play_samples(
     engine: Any,
     tokenizer: Any,
-    env: Any,
+    env: Env,
     tasks: Sequence[dict[str, Any]],
     params: Any,
     step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
@@ -74,6 +76,7 @@ def play_samples(
     tasks as their samples are all played, n at a time."""
     if not tasks:
         return []
+    env = with_defaults(env)
     groups = [start_fn(env, [task] * params.n) for task in tasks]
     played = play_groups(
         engine,
@@ -82,7 +85,7 @@ def play_samples(
         params,
         step_fn,
         max_completion_tokens,
-        response_prefix=getattr(env, "response_prefix", ""),
+        response_prefix=env.response_prefix,
         on_done=on_done,
     )
     engine.reset_prefix_cache()
@@ -90,7 +93,7 @@ def play_samples(
         TaskSamples(
             task_key(task),
             len(group),
-            sum(map(succeeded, group)),
+            sum(succeeded(env, t) for t in group),
             {label: str(task[label]) for label in labels if label in task},
         )
         for task, group in zip(tasks, played, strict=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from envs.base import Env, plugin_name, with_defaults
 from rl.algo.batch import collate_rollouts
 from rl.algo.losses import LossConfig
 from rl.algo.trainer import accumulate_gradients, model_device, optimizer_step
@@ -39,19 +40,20 @@ class Demonstration:
 
 
 def demonstrations(
-    env: Any, tasks: Sequence[Mapping[str, Any]], tokenizer: Any, group_by: str | None = None
+    env: Env, tasks: Sequence[Mapping[str, Any]], tokenizer: Any, group_by: str | None = None
 ) -> list[Demonstration]:
     """One demonstration per task that has one; the env's response prefix ends the prompt, as in rollouts."""
-    demonstrate = getattr(env, "demonstration", None)
-    if demonstrate is None:
+    env = with_defaults(env)
+    offered = [(task, env.demonstration(task)) for task in tasks]
+    if all(text is None for _, text in offered):
         raise ConfigError(
-            f"sft.steps > 0 needs demonstrations, but the env {type(env).__name__} has no "
-            "demonstration(task) method; add one to the env or set sft.steps=0"
+            f"sft.steps > 0 needs demonstrations, but the env {plugin_name(env)} gives none: it has no "
+            "demonstration(task) method of its own, or it returned None for every training task; add one to "
+            "the env or set sft.steps=0"
         )
-    prefix = getattr(env, "response_prefix", "")
+    prefix = env.response_prefix
     demos = []
-    for task in tasks:
-        text = demonstrate(task)
+    for task, text in offered:
         if not text or not text.startswith(prefix) or len(text) == len(prefix):
             continue
         prompt = prompt_token_ids(tokenizer, env.start(task).messages, prefix)
@@ -70,8 +72,6 @@ class DemoSampler:
     """Seeded batches of demonstrations, each drawn from one group (a group is picked by its size)."""
 
     def __init__(self, demos: Sequence[Demonstration], batch_size: int, seed: int = 0) -> None:
-        if batch_size < 1:
-            raise ConfigError(f"sft.batch_size must be >= 1, got {batch_size}")
         self.groups: dict[str, list[Demonstration]] = defaultdict(list)
         for demo in demos:
             self.groups[demo.group].append(demo)

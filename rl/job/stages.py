@@ -68,7 +68,7 @@ def run_eval(
         n=1,
         temperature=0.0,
         max_tokens=cfg.rollout.max_tokens,
-        stop=list(getattr(parts.env, "stop", ())) or None,
+        stop=list(parts.env.stop) or None,
     )
     play = set_player(parts, cfg, play_eval, eval_set.labels, greedy_params=greedy)
     play = with_progress(play, bars, eval_desc(eval_set, stage, step))

@@ -16,7 +16,7 @@ from peft import PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from rl.settings import ConfigError
+from rl.settings import ConfigError, Settings, at_least, check_args, number, positive
 from rollout_engine.sync_contract import active_adapter, lora_layers
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -28,9 +28,28 @@ TARGET_SHORTHANDS = {
 }
 
 
+def _known_targets(value: str | Sequence[str]) -> bool:
+    try:
+        resolve_target_modules(value)
+    except ConfigError:
+        return False
+    return True
+
+
 @dataclass
-class LoraConfig:
+class LoraConfig(Settings):
     """The adapter's settings (the lora.* keys); `add_lora` takes them as flat arguments."""
+
+    RULES = (
+        (
+            "target_modules",
+            _known_targets,
+            f"use one of {sorted(TARGET_SHORTHANDS)} or comma-separated names from {list(PROJECTIONS)}",
+        ),
+        ("rank", at_least(1), "use an integer >= 1"),
+        ("alpha", positive, "use a finite number > 0"),
+        ("dropout", lambda v: number(v) and 0 <= v < 1, "use a number in [0, 1)"),
+    )
 
     rank: int = 16
     alpha: float = 32.0
@@ -72,11 +91,10 @@ def add_lora(
     target_modules: str | Sequence[str] = LoraConfig.target_modules,
     use_rslora: bool = LoraConfig.use_rslora,
 ) -> PeftModel:
-    """Wrap a causal LM in a peft LoRA adapter on the chosen projections; only the LoRA weights train."""
-    if rank < 1:
-        raise ValueError(f"LoRA rank must be a positive integer, got {rank}.")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"LoRA dropout must lie in [0, 1), got {dropout}.")
+    """Wrap a causal LM in a peft LoRA adapter on the chosen projections; only the LoRA weights train. The
+    values are refused as the lora.* keys are (`LoraConfig.RULES`); a bad target list is named by
+    `resolve_target_modules`."""
+    check_args(LoraConfig.RULES, rank=rank, alpha=alpha, dropout=dropout)
     config = peft.LoraConfig(
         r=rank,
         lora_alpha=alpha,

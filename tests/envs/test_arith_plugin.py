@@ -24,7 +24,6 @@ from envs import (
     make_env,
     plugin_config_dirs,
     registry,
-    score_words,
     start_episodes,
     step_episodes,
 )
@@ -124,7 +123,7 @@ def test_the_env_shows_its_ideal_reply_and_names_its_score(installed_plugin):
     assert env.demonstration(task) == "<answer>42</answer>"
     assert episode.step(env.demonstration(task)).reward == 1.0  # the demonstration wins its own task
     assert env.stop == ("</answer>",)
-    assert (score_words(env).success, score_words(env).tasks) == ("answer accuracy", "unseen questions")
+    assert (env.score_words.success, env.score_words.tasks) == ("answer accuracy", "unseen questions")
 
 
 def test_env_arith_finds_the_config_the_plugin_ships(installed_plugin):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from envs import EnvError, StepResult, step_episodes, stepping
+from envs import BaseEnv, EnvError, StepResult, step_episodes, stepping
+from envs.sql import SqlEnv
 from envs.stepping import NUM_WORKERS
 from rl.job.evaluate import succeeded
 from rl.job.loop_metrics import reward_metrics
@@ -51,6 +52,15 @@ class FixedEpisode:
 
     def step(self, action_text):
         return StepResult(None, self.reward, True, rewards=self.rewards)
+
+
+class FixedEnv(BaseEnv):
+    """Every optional feature at its default: a success is a positive reward."""
+
+    max_turns = 1
+
+    def start(self, task):
+        return FixedEpisode()
 
 
 def test_a_hung_step_fails_its_episode_with_a_warning_and_the_others_go_on(caplog):
@@ -115,13 +125,13 @@ def test_failures_are_counted_and_never_succeed():
         _record_step(traj, result, tokenizer=None, max_completion_tokens=10)
     metrics = reward_metrics([trajectories], rewards=torch.tensor([[0.0, 0.0, 1.0]]))
     assert (metrics["env/errors"], metrics["env/timeouts"]) == (2.0, 1.0)
-    assert [succeeded(t) for t in trajectories] == [False, False, True]
+    assert [succeeded(FixedEnv(), t) for t in trajectories] == [False, False, True]
 
 
 @pytest.mark.parametrize("value", [math.inf, math.nan])
 def test_accuracy_never_comes_from_a_non_finite_reward(value):
-    assert not succeeded(Trajectory(prompt_ids=[1], reward=value))
-    assert not succeeded(Trajectory(prompt_ids=[1], reward=1.0, rewards={"execution": value}))
+    assert not succeeded(FixedEnv(), Trajectory(prompt_ids=[1], reward=value))
+    assert not succeeded(SqlEnv(), Trajectory(prompt_ids=[1], reward=1.0, rewards={"execution": value}))
 
 
 HUNG_SCRIPT = textwrap.dedent(

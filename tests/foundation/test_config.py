@@ -9,9 +9,14 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from rl.algo.losses import LossConfig
+from rl.algo.optim import build_lr_scheduler, build_optimizer
+from rl.algo.trainer import train_step
 from rl.job.config import register_configs
 from rl.job.config_checks import check_config
 from rl.job.model_loading import ModelLoadError
+from rl.settings import ConfigError
+from rl.sync.adapter import add_lora
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -182,6 +187,11 @@ def test_every_yaml_holds_values_in_range(compose_train, group, option):
         ("sft.steps=-1", "an integer >= 0"),
         ("sft.batch_size=0", "an integer >= 1"),
         ("sft.lr=-1e-4", "a finite number > 0"),
+        ("curriculum.prior_strength=-1", "a finite number >= 0"),
+        ("curriculum.min_attempts=0", "an integer >= 1"),
+        ("logger.samples_every=0", "an integer >= 1"),
+        ("trainer.max_grad_norm=0", "a finite number > 0, or None (null) for no clipping"),
+        ("lora.rank=0", "an integer >= 1"),
         ("serve.port=65536", "a port in [0, 65535] (0: any free port)"),
         ("serve.port=-1", "a port in [0, 65535] (0: any free port)"),
     ],
@@ -203,6 +213,47 @@ def test_every_bad_value_is_named_in_one_message(compose_train):
         "  algo.group_size=1: use an integer >= 2 (GRPO compares the samples of a group)",
         "  trainer.lr=0.0: use a finite number > 0",
     ]
+
+
+def sgd():
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+
+
+@pytest.mark.parametrize(
+    "override, call",
+    [
+        ("lora.rank=0", lambda: add_lora(None, rank=0)),
+        ("lora.dropout=1.0", lambda: add_lora(None, dropout=1.0)),
+        ("trainer.lr=0", lambda: build_optimizer(torch.nn.Linear(2, 2), lr=0.0)),
+        (
+            "trainer.weight_decay=-0.1",
+            lambda: build_optimizer(torch.nn.Linear(2, 2), lr=1.0, weight_decay=-0.1),
+        ),
+        ("trainer.warmup_steps=-1", lambda: build_lr_scheduler(sgd(), warmup_steps=-1)),
+        (
+            "trainer.micro_batch_size=0",
+            lambda: train_step(None, None, None, None, LossConfig(), micro_batch_size=0, max_grad_norm=1.0,
+                               temperature=1.0),
+        ),
+        (
+            "trainer.max_grad_norm=-1",
+            lambda: train_step(None, None, None, None, LossConfig(), micro_batch_size=1, max_grad_norm=-1.0,
+                               temperature=1.0),
+        ),
+    ],
+)  # fmt: skip
+def test_a_library_function_refuses_a_value_in_its_config_keys_words(compose_train, override, call):
+    """add_lora, the optimiser and train_step take these keys as flat arguments and apply their very rules."""
+    with pytest.raises(ConfigError) as config:
+        check_config(compose_train([override, "run_dir=/tmp/run"]))
+    with pytest.raises(ConfigError) as library:
+        call()
+    group = override.split(".")[0]
+    assert str(config.value).splitlines()[1:] == [f"  {group}.{library.value}"]
+
+
+def test_trainer_max_grad_norm_null_turns_clipping_off_as_train_step_takes_it(compose_train):
+    check_config(compose_train(["trainer.max_grad_norm=null", "run_dir=/tmp/run"]))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -13,7 +13,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from hydra import compose, initialize_config_dir
 
-from envs import EnvError, StepResult
+from envs import BaseEnv, EnvError, StepResult
 from rl.algo.advantages import compute_advantages
 from rl.job import distributed as dp
 from rl.job import modes
@@ -103,9 +103,44 @@ def vowel_tasks():
     return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
 
 
+class RightAnswerEnv(BaseEnv):
+    """An env whose reward is 0.3 for a right answer, which its `right` component says, and 0.6 for a wrong
+    one (a bonus for trying): only its own `is_success` tells them apart. The task row says which an answer
+    is, so what a tiny random model writes does not matter."""
+
+    max_turns = 1
+
+    def start(self, task):
+        return RightAnswerEpisode(task)
+
+    def is_success(self, episode):
+        return episode.rewards.get("right") == 1.0
+
+
+class RightAnswerEpisode:
+    max_turns = 1
+
+    def __init__(self, task):
+        self.right = task["right"]
+        self.messages = [{"role": "user", "content": task["question"]}]
+
+    def step(self, action):
+        return StepResult(None, 0.3 if self.right else 0.6, True, rewards={"right": float(self.right)})
+
+
+def right_answer_tasks():
+    """Training tasks all answered wrong; held-out tasks half right."""
+    train = [{"question": f"Name the colour {i}.", "right": False} for i in range(16)]
+    test = [{"question": f"Name the fruit {i}.", "right": i % 2 == 0} for i in range(4)]
+    return DatasetDict(train=Dataset.from_list(train), test=Dataset.from_list(test))
+
+
 PLUGIN = types.ModuleType("e2e_vowel_env")  # importable by dotted path, as a user's plugin package would be
 PLUGIN.VowelEnv, PLUGIN.vowel_tasks = VowelEnv, vowel_tasks
 sys.modules[PLUGIN.__name__] = PLUGIN
+RIGHT_ANSWER = types.ModuleType("e2e_right_answer_env")
+RIGHT_ANSWER.RightAnswerEnv, RIGHT_ANSWER.right_answer_tasks = RightAnswerEnv, right_answer_tasks
+sys.modules[RIGHT_ANSWER.__name__] = RIGHT_ANSWER
 VOWELS = [
     "env=plugin",
     "env.name=e2e_vowel_env.VowelEnv",
@@ -279,6 +314,24 @@ def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tra
     assert all(math.isfinite(r["sft/nll"]) for r in records if "sft/nll" in r)
     rates = {k: v for k, v in result.history[-1].items() if k.startswith("curriculum/pass_rate/")}
     assert rates and all(0.0 < v < 1.0 for v in rates.values())  # Beta(1, 1) posteriors stay inside
+
+
+def test_the_envs_is_success_decides_what_evaluation_and_the_curriculum_count_as_solved(
+    train_module, tmp_path
+):
+    env = [
+        "env=plugin",
+        "env.name=e2e_right_answer_env.RightAnswerEnv",
+        "env.tasks._target_=e2e_right_answer_env.right_answer_tasks",
+    ]
+    result = run(train_module, tmp_path, "num_steps=1", "curriculum.enabled=true", *env)
+    # every reward is positive, so a positive reward would count every task solved (1.0, and 0.9 below)
+    assert [(p.stage, p.result.accuracy, p.result.num_tasks) for p in result.evals] == [
+        ("base", 0.5, 4),
+        ("grpo", 0.5, 4),
+    ]
+    # 2 groups of 4 wrong answers: the Beta(1, 1) posterior of 0 successes in 8 attempts, (0 + 1) / (8 + 2)
+    assert result.history[-1]["curriculum/pass_rate/all"] == pytest.approx(0.1)
 
 
 def test_zero_grpo_steps_run_the_warm_start_alone_and_report_it_as_final(train_module, tmp_path):

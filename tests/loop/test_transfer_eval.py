@@ -29,7 +29,9 @@ FAMILIES, DATABASES = ("filter", "join"), ("pets", "concert", "shop")
 class ParityEnv:
     """A plugin env whose success is a parity of the question and the reply, so it splits the tasks roughly
     in half even for a tiny random model that writes the same reply to every prompt, and accuracies computed
-    two ways can disagree; it also demonstrates, so the warm start runs."""
+    two ways can disagree; its reward adds a bonus for length, so success is its own `is_success` (the
+    `won` component), declared without subclassing envs.BaseEnv. It also demonstrates, so the warm start
+    runs."""
 
     max_turns = 1
 
@@ -38,6 +40,9 @@ class ParityEnv:
 
     def demonstration(self, task):
         return "even"
+
+    def is_success(self, episode):
+        return episode.rewards.get("won", 0.0) == 1.0
 
 
 class ParityEpisode:
@@ -49,7 +54,7 @@ class ParityEpisode:
 
     def step(self, action):
         won = float((len(action) + sum(map(ord, self.question))) % 2 == 0)
-        return StepResult(None, won + 0.01 * len(action), True, rewards={"execution": won})
+        return StepResult(None, won + 0.01 * len(action), True, rewards={"won": won})
 
 
 def parity_tasks():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rl.job.curriculum import Curriculum
+from rl.job.curriculum import Curriculum, CurriculumConfig
 
 # two pools of three tasks each
 TASKS = [{"q": f"t{i}", "family": "easy" if i < 3 else "hard"} for i in range(6)]
@@ -62,7 +62,9 @@ def test_rows_not_in_the_training_set_are_ignored_and_bad_settings_refused():
     c = Curriculum(TASKS)
     c.record([({"q": "held-out"}, 1, 8)])
     assert c.record_of == {}
-    with pytest.raises(ValueError, match="curriculum.prior_strength"):
-        Curriculum(TASKS, prior_strength=-1)
+    # the curriculum.* keys' own rules (check_config applies them before the curriculum is built)
+    assert CurriculumConfig.problems(CurriculumConfig(prior_strength=-1), "curriculum.") == [
+        "curriculum.prior_strength=-1: use a finite number >= 0"
+    ]
     with pytest.raises(ValueError, match="task set is empty"):
         Curriculum([])

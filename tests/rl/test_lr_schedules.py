@@ -45,5 +45,5 @@ def test_bad_schedules_are_named():
         build_lr_scheduler(optimizer, "linear")
     with pytest.raises(ValueError, match="needs num_training_steps > warmup_steps"):
         build_lr_scheduler(optimizer, "cosine", warmup_steps=5, num_training_steps=5)
-    with pytest.raises(ValueError, match="learning rate must be > 0"):
+    with pytest.raises(ValueError, match="lr=0.0: use a finite number > 0"):
         build_optimizer(torch.nn.Linear(2, 2), lr=0.0)

@@ -7,6 +7,7 @@ from envs.sql.generator import generate_sql_tasks
 from envs.sql.grading import grade_completion
 from envs.sql.multi_turn import SqlMultiTurnEnv
 from envs.sql.single_turn import SqlEnv
+from rl.job.config import SftConfig
 from rl.job.model_loading import load_model
 from rl.job.play import prompt_token_ids
 from rl.job.sft import Demonstration, DemoSampler, demonstrations, sft_step
@@ -70,8 +71,8 @@ def test_sampler_batches_come_from_one_group_and_repeat_for_a_seed():
     for batch in drawn[0]:
         assert len({d.group for d in batch}) == 1 and len(batch) == 3
     assert {batch[0].group for batch in drawn[0]} == {"a", "b", "c"}
-    with pytest.raises(ValueError, match="sft.batch_size"):
-        DemoSampler(demos, batch_size=0)
+    # the sft.* keys' own rule (check_config applies it before the sampler is built)
+    assert SftConfig.problems(SftConfig(batch_size=0), "sft.") == ["sft.batch_size=0: use an integer >= 1"]
 
 
 def reference_nll(model, demos):

@@ -217,7 +217,7 @@ def test_bad_arguments_leave_the_model_untouched(make_llama, make_lora, make_bat
         train_step(model, optimizer, None, batch, LossConfig(loss_type="dr_grpo"), micro_batch_size=8, **STEP)
     with pytest.raises(ValueError, match="unknown is_mode"):
         train_step(model, optimizer, None, batch, LossConfig(is_mode="token"), micro_batch_size=8, **STEP)
-    with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="micro_batch_size=0: use an integer >= 1"):
         train_step(model, optimizer, None, batch, LossConfig(), micro_batch_size=0, **STEP)
     with pytest.raises(ValueError, match="is not a peft model"):
         base = make_llama()

@@ -16,7 +16,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from envs import ScoreWords, StepResult, WeightedRewards
+from envs import BaseEnv, ScoreWords, StepResult, WeightedRewards
 
 _ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 _INSTRUCTIONS = "Solve the arithmetic problem. Give only the final integer inside <answer></answer>."
@@ -77,8 +77,9 @@ class ArithEpisode:
         return StepResult(f"\n<observation>{hint}</observation>\n", 0.0, False, {"answered": answered})
 
 
-class ArithEnv:
-    """Arithmetic questions; ``max_turns`` tries per question."""
+class ArithEnv(BaseEnv):
+    """Arithmetic questions; ``max_turns`` tries per question. A success is a positive reward (the default):
+    the right number."""
 
     stop = ("</answer>",)  # the answer is complete: the env takes over
     score_words = ScoreWords(success="answer accuracy", tasks="unseen questions")
