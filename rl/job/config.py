@@ -5,13 +5,14 @@ rejected at composition with a message that names the key; the YAML files hold o
 these defaults. Each group owns the value ranges of its keys (its ``RULES``, an `rl.settings.Settings`), and
 `rl.job.config_checks.check_config` checks them all, once, before any work starts.
 
-Only the job reads the config tree (`train.py` and the modules of `rl.job` it runs: parts, grpo_step,
-stages, bookkeeping, modes, and `serve.command`); components take flat arguments, or one typed value. A component's
-own settings live beside it and are assembled here: `rl.algo.losses.LossConfig` (the algo.* keys of the
-update, which `train_step` takes as they are), and `rl.sync.adapter.LoraConfig`, `rl.job.logger.LoggerConfig`
-and `rl.job.curriculum.CurriculumConfig`, whose fields are the defaults of `add_lora`, `RunLogger` and
-`Curriculum`. The choices come from the components' own lists. An installed env plugin's own config folder
-(`envs.plugin_config_dirs`) joins Hydra's search path after `conf/`, so ``env=<plugin name>`` finds it.
+Only the job reads the config tree (`train.py` and the `rl.job` modules it runs: parts, grpo_step, stages,
+bookkeeping, modes, and `serve.command`); components take flat arguments, or one typed value. A
+component's own settings live beside it and are assembled here: `rl.algo.losses.LossConfig` (the algo.*
+keys of the update, which `train_step` takes as they are), and `rl.sync.adapter.LoraConfig`,
+`rl.job.logger.LoggerConfig` and `rl.job.curriculum.CurriculumConfig`, whose fields are the defaults of
+`add_lora`, `RunLogger` and `Curriculum`. The choices come from the components' own lists. An installed
+env plugin's own config folder (`envs.plugin_config_dirs`) joins Hydra's search path after `conf/`, so
+``env=<plugin name>`` finds it.
 """
 
 from __future__ import annotations
