@@ -47,11 +47,12 @@ class Episode(Protocol):
 
 
 class PlayedEpisode(Protocol):
-    """An episode as played (``rl.job.play.Trajectory``): its reward summed over its steps, and each reward
-    component summed likewise (empty when the episode failed)."""
+    """An episode as played (``rl.job.play.Trajectory``): its reward summed over its steps, each reward
+    component summed likewise (empty when the episode failed), and its last step's ``info``."""
 
     reward: float
     rewards: dict[str, float]
+    info: dict[str, Any]
 
 
 @runtime_checkable
@@ -109,6 +110,11 @@ class BaseEnv(ABC):
         count. The default: a positive reward."""
         return episode.reward > 0
 
+    def failure(self, episode: PlayedEpisode) -> str | None:
+        """Why an unsolved episode failed, as a short label that evaluations count ("unknown column",
+        "wrong result" ...), or None: no reason given (the default)."""
+        return None
+
 
 class PluginEnv(BaseEnv):
     """A plugin that meets the ``Env`` protocol alone, seen as a ``BaseEnv``: the optional features it
@@ -123,6 +129,7 @@ class PluginEnv(BaseEnv):
         self._demonstration = getattr(plugin, "demonstration", None)
         self._check_task = getattr(plugin, "check_task", None)
         self._is_success = getattr(plugin, "is_success", None)
+        self._failure = getattr(plugin, "failure", None)
 
     @property
     def max_turns(self) -> int:
@@ -144,6 +151,12 @@ class PluginEnv(BaseEnv):
         if self._is_success is None:
             return super().is_success(episode)
         return bool(self._is_success(episode))
+
+    def failure(self, episode: PlayedEpisode) -> str | None:
+        if self._failure is None:
+            return super().failure(episode)
+        kind = self._failure(episode)
+        return None if kind is None else str(kind)
 
 
 def with_defaults(env: Env) -> BaseEnv:

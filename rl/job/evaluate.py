@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,12 +15,14 @@ from rl.job.play import Trajectory, play_groups
 
 @dataclass(slots=True)
 class EvalResult:
-    """Accuracy is the share of episodes that succeeded; `by_label[label][value]` = (accuracy, count)."""
+    """Accuracy is the share of episodes that succeeded; `by_label[label][value]` = (accuracy, count);
+    `failures[kind]` counts the unsolved tasks by why they failed, as the env names it (`failure_of`)."""
 
     accuracy: float
     reward: float
     num_tasks: int
     by_label: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
 
     @property
     def ci95(self) -> tuple[float, float]:
@@ -34,6 +36,10 @@ class EvalResult:
             f"{prefix}/accuracy_ci_low": low,
             f"{prefix}/accuracy_ci_high": high,
             f"{prefix}/reward": self.reward,
+            **{
+                f"{prefix}/failure/{kind.replace(' ', '_')}": count / self.num_tasks
+                for kind, count in self.failures.items()
+            },
         }
 
     def table(self) -> str:
@@ -48,6 +54,10 @@ class EvalResult:
         for name, acc, count in rows:
             low, high = wilson_interval(acc, count)
             lines.append(f"{name:28} {acc:9.3f} {f'[{low:.3f}, {high:.3f}]':>15} {count:6d}")
+        if self.failures:
+            lines.append(f"{'failed, why':28} {'share':>9} {'':>15} {'tasks':>6}")
+            for kind, count in sorted(self.failures.items(), key=lambda kv: (-kv[1], kv[0])):
+                lines.append(f"{kind:28} {count / self.num_tasks:9.3f} {'':>15} {count:6d}")
         return "\n".join(lines)
 
 
@@ -69,6 +79,12 @@ def succeeded(env: BaseEnv, trajectory: Trajectory) -> bool:
     not a finite number (which `envs.step_episodes` never lets through) is never a success."""
     values = [trajectory.reward, *trajectory.rewards.values()]
     return all(map(math.isfinite, values)) and env.is_success(trajectory)
+
+
+def failure_of(env: BaseEnv, trajectory: Trajectory) -> str | None:
+    """Why an unsolved episode failed: "env error" when the plugin's step failed (an exception, a hang, a
+    reward that is not a number), else the env's own `failure` label (None: it gives none)."""
+    return "env error" if trajectory.error is not None else env.failure(trajectory)
 
 
 def evaluate(
@@ -122,10 +138,10 @@ def play_eval(
         on_done=on_done,
     )
     engine.reset_prefix_cache()
-    return [
-        outcome_of(task, succeeded(env, t), t.reward, t.text, labels)
-        for task, (t,) in zip(tasks, trajectories, strict=True)
-    ]
+    outcomes = []
+    for task, (t,) in zip(tasks, trajectories, strict=True):
+        outcomes.append(outcome_of(task, succeeded(env, t), t.reward, t.text, labels, failure_of(env, t)))
+    return outcomes
 
 
 def score(outcomes: Sequence[TaskOutcome], labels: Sequence[str]) -> EvalResult:
@@ -144,4 +160,5 @@ def score(outcomes: Sequence[TaskOutcome], labels: Sequence[str]) -> EvalResult:
         reward=sum(o.reward for o in outcomes) / num_tasks if num_tasks else 0.0,
         num_tasks=num_tasks,
         by_label=by_label,
+        failures=dict(Counter(o.failure for o in outcomes if o.failure is not None)),
     )

@@ -27,7 +27,8 @@ MAX_QUESTION_CHARS = 300
 
 @dataclass(slots=True)
 class TaskOutcome:
-    """How one task went: its key, its label values (family, db_id ...), success, reward and the reply."""
+    """How one task went: its key, its label values (family, db_id ...), success, reward, the reply, and for
+    a task not solved, why, when the env says (``BaseEnv.failure``)."""
 
     key: str
     success: bool
@@ -35,6 +36,7 @@ class TaskOutcome:
     labels: dict[str, str] = field(default_factory=dict)
     question: str = ""
     completion: str = ""
+    failure: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +46,7 @@ class TaskOutcome:
             "reward": self.reward,
             "question": self.question,
             "completion": self.completion,
+            "failure": self.failure,
         }
 
 
@@ -67,10 +70,16 @@ def mark_repeats(outcomes: Sequence[TaskOutcome]) -> None:
 
 
 def outcome_of(
-    task: Mapping[str, Any], success: bool, reward: float, completion: str, labels: Sequence[str]
+    task: Mapping[str, Any],
+    success: bool,
+    reward: float,
+    completion: str,
+    labels: Sequence[str],
+    failure: str | None = None,
 ) -> TaskOutcome:
-    """A task's outcome: its key, its value of each of `labels` it has (as a string), and its question and
-    completion, cut to a few thousand characters."""
+    """A task's outcome: its key, its value of each of `labels` it has (as a string), its question and
+    completion, cut to a few thousand characters, and why it failed (`failure`, None when solved or
+    unknown)."""
     return TaskOutcome(
         key=task_key(task),
         success=success,
@@ -78,6 +87,7 @@ def outcome_of(
         labels={label: str(task[label]) for label in labels if label in task},
         question=_clip(str(task.get("question", "")), MAX_QUESTION_CHARS),
         completion=_clip(completion, MAX_TEXT_CHARS),
+        failure=None if success else failure,
     )
 
 

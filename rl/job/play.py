@@ -33,6 +33,7 @@ class Trajectory:
     truncated: bool = False
     num_turns: int = 0
     done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # the env's info of the episode's last step
     error: str | None = None  # the env plugin's failure (an exception, a bad reward, a timeout)
     timed_out: bool = False  # the plugin's step ran past its time limit
     text: str = ""
@@ -145,6 +146,7 @@ def _record_step(traj: Trajectory, step: Any, tokenizer: Any, max_completion_tok
     traj.reward += step.reward
     for name, value in step.rewards.items():
         traj.rewards[name] = traj.rewards.get(name, 0.0) + value
+    traj.info = step.info
     if "error" in step.info and step.info.get("plugin"):
         traj.error = str(step.info["error"])
         traj.timed_out = bool(step.info.get("timeout"))

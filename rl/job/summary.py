@@ -84,6 +84,8 @@ def transfer_summary(points: Sequence[EvalPoint], sft_steps: int) -> dict[str, A
         "transfer_num_tasks": final.num_tasks,
         "transfer_by_label": final.by_label,
         "transfer_base_by_label": None if base is None else base.by_label,
+        "transfer_failures": final.failures,
+        "transfer_base_failures": None if base is None else base.failures,
     }
 
 
@@ -110,6 +112,8 @@ def run_summary(
         "eval_history": [p.as_dict() for p in points],
         "by_label": final.by_label,
         "base_by_label": points[0].result.by_label if points[0].stage == "base" else None,
+        "failures": final.failures,
+        "base_failures": points[0].result.failures if points[0].stage == "base" else None,
         **transfer_summary(points, sft_steps),
     }
 
@@ -130,6 +134,20 @@ def _label_table(summary: dict[str, Any], label: str, prefix: str = "") -> list[
     for value, (accuracy, count) in sorted(final.items()):
         before = f"{base[value][0]:6.3f}" if value in base else f"{'-':>6}"
         lines.append(f"  {value:24} {before} {accuracy:6.3f} {count:6d}")
+    return lines
+
+
+def _failure_table(summary: dict[str, Any], prefix: str = "") -> list[str]:
+    """Why the unsolved tasks failed, as shares of all tasks, at the base and at the end (none: no lines)."""
+    final = summary[f"{prefix}failures"]
+    base = summary[f"{prefix}base_failures"] or {}
+    if not final and not base:
+        return []
+    tasks = summary[f"{prefix}num_tasks" if prefix else "num_eval_tasks"]
+    lines = [f"  {'failed, why':24} {'base':>6} {'final':>6}"]
+    for kind in sorted(final.keys() | base.keys(), key=lambda k: (-final.get(k, 0), k)):
+        before = f"{base.get(kind, 0) / tasks:6.3f}" if base else f"{'-':>6}"
+        lines.append(f"  {kind:24} {before} {final.get(kind, 0) / tasks:6.3f}")
     return lines
 
 
@@ -157,7 +175,7 @@ def _transfer_lines(summary: dict[str, Any]) -> list[str]:
     lines += _stage_accuracies(summary, prefix="transfer_")
     for label in summary["transfer_by_label"]:
         lines += _label_table(summary, label, prefix="transfer_")
-    return lines
+    return lines + _failure_table(summary, prefix="transfer_")
 
 
 def summary_text(summary: dict[str, Any], history: Sequence[dict[str, float]], timer: StepTimer) -> str:
@@ -176,6 +194,7 @@ def summary_text(summary: dict[str, Any], history: Sequence[dict[str, float]], t
     lines += _stage_accuracies(summary)
     for label in summary["by_label"]:
         lines += _label_table(summary, label)
+    lines += _failure_table(summary)
     if "transfer_final_accuracy" in summary:
         lines += _transfer_lines(summary)
     rewards = [m["reward"] for m in history]

@@ -47,7 +47,9 @@ def test_an_outcome_file_holds_one_line_per_task_with_its_labels(tmp_path):
     long_reply = "SELECT " + "x" * (2 * MAX_TEXT_CHARS)
     outcomes = [
         outcome_of(TASK, True, 1.0, "SELECT count(*) FROM emp WHERE dept = 'Sales'", ["family", "db_id"]),
-        outcome_of({**TASK, "question": "Who?"}, False, -0.1, long_reply, ["family", "difficulty"]),
+        outcome_of(
+            {**TASK, "question": "Who?"}, False, -0.1, long_reply, ["family", "difficulty"], failure="timeout"
+        ),
     ]
     path = write_outcomes(outcome_path(tmp_path, "transfer", "grpo", 40), outcomes)
     assert path == tmp_path / "evals" / "transfer_grpo_40.jsonl"
@@ -60,8 +62,11 @@ def test_an_outcome_file_holds_one_line_per_task_with_its_labels(tmp_path):
         "reward": 1.0,
         "question": TASK["question"],
         "completion": "SELECT count(*) FROM emp WHERE dept = 'Sales'",
+        "failure": None,
     }
     assert "difficulty" not in second and second["success"] == 0  # a label the task lacks is left out
+    assert second["failure"] == "timeout"
+    assert outcome_of(TASK, True, 1.0, "", [], "wrong result").failure is None  # a success has no failure
     assert len(second["completion"]) == MAX_TEXT_CHARS + 3  # cut, with "..."
     assert not list(path.parent.glob("*.tmp"))
 
@@ -69,14 +74,26 @@ def test_an_outcome_file_holds_one_line_per_task_with_its_labels(tmp_path):
 def test_accuracy_and_label_tables_come_from_the_outcomes():
     outcomes = [
         TaskOutcome("a", True, 1.0, {"family": "join"}),
-        TaskOutcome("b", False, -0.1, {"family": "join"}),
+        TaskOutcome("b", False, -0.1, {"family": "join"}, failure="unknown column"),
         TaskOutcome("c", True, 0.5, {"family": "agg"}),
         TaskOutcome("d", True, 1.0, {}),
+        TaskOutcome("e", False, 0.0, {}, failure="unknown column"),
+        TaskOutcome("f", False, 0.0, {}, failure="wrong result"),
+        TaskOutcome("g", False, 0.0, {}),  # the env said nothing of why
+        TaskOutcome("h", True, 1.0, {}),
     ]
     result = score(outcomes, ["family", "db_id"])
-    assert (result.accuracy, result.num_tasks) == (0.75, 4)
-    assert result.reward == pytest.approx((1.0 - 0.1 + 0.5 + 1.0) / 4)
+    assert (result.accuracy, result.num_tasks) == (0.5, 8)
+    assert result.reward == pytest.approx((1.0 - 0.1 + 0.5 + 1.0 + 1.0) / 8)
     assert result.by_label == {"family": {"join": (0.5, 2), "agg": (1.0, 1)}}  # no task has a db_id
+    assert result.failures == {"unknown column": 2, "wrong result": 1}
+    metrics = result.metrics("transfer")
+    assert metrics["transfer/failure/unknown_column"] == 0.25
+    assert metrics["transfer/failure/wrong_result"] == 0.125
+    table = result.table().splitlines()
+    at = table.index(next(line for line in table if line.startswith("failed, why")))
+    assert [line.split()[-2:] for line in table[at + 1 :]] == [["0.250", "2"], ["0.125", "1"]]
+    assert table[at + 1].startswith("unknown column") and table[at + 2].startswith("wrong result")
     assert score([], ["family"]).num_tasks == 0
 
 

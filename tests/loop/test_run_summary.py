@@ -143,3 +143,26 @@ def test_the_summary_speaks_of_the_score_in_the_envs_own_words(tmp_path):
     assert "execution" not in text and "schemas" not in text
     plain = summary_text(run_summary(points, 0, 1.0, 0, ScoreWords()), [], StepTimer())
     assert "held-out greedy success rate (64 tasks, 95% CI):" in plain
+
+
+def test_the_summary_says_why_tasks_failed_at_the_base_and_at_the_end():
+    base = EvalResult(0.0, 0.0, 8, failures={"syntax error": 6, "unknown column": 2})
+    final = EvalResult(0.5, 0.5, 8, failures={"unknown column": 3, "wrong result": 1})
+    transfer = EvalResult(0.25, 0.0, 4, failures={"unknown table": 3})
+    points = [EvalPoint("base", 0, base), EvalPoint("grpo", 5, final, transfer)]
+    summary = run_summary(points, 0, 1.0, sft_steps=0, words=SQL_SCORE_WORDS)
+    assert summary["failures"] == {"unknown column": 3, "wrong result": 1}
+    assert summary["base_failures"] == {"syntax error": 6, "unknown column": 2}
+    assert summary["transfer_failures"] == {"unknown table": 3} and summary["transfer_base_failures"] is None
+    lines = summary_text(summary, [], StepTimer()).splitlines()
+    held_out = lines.index("  failed, why                base  final")
+    # shares of the 8 tasks, the final's most frequent first, then what only the base had
+    assert lines[held_out + 1 : held_out + 4] == [
+        "  unknown column            0.250  0.375",
+        "  wrong result              0.000  0.125",
+        "  syntax error              0.750  0.000",
+    ]
+    transfer_at = lines.index("  failed, why                base  final", held_out + 1)
+    assert lines[transfer_at + 1] == "  unknown table                 -  0.750"  # no base: a dash
+    plain = run_summary([EvalPoint("base", 0, result(0.1))], 0, 1.0, 0, SQL_SCORE_WORDS)
+    assert "failed, why" not in summary_text(plain, [], StepTimer())  # an env that names no failures

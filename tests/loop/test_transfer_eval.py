@@ -15,6 +15,7 @@ from datasets import Dataset, DatasetDict
 from test_train_e2e import SMALL_SQL, compose_cfg, load_train_module
 
 from envs import EnvError, StepResult
+from envs.sql.prompts import extract_sql
 from host import cpu_threads
 from rl.job import modes
 from rl.job.config import register_configs
@@ -232,10 +233,26 @@ def test_mode_eval_scores_sql_transfer_tasks_after_the_held_out_set(sql_db_dir, 
     assert held_out_at < transfer_at
     table = out[transfer_at:].splitlines()
     assert table[2].split()[0] == "all" and table[2].split()[-1] == "4"
-    assert {line.split()[0] for line in table[3:]} == {
+    why = next(i for i, line in enumerate(table) if line.startswith("failed, why"))
+    assert {line.split()[0] for line in table[3:why]} == {
         "family=aggregate", "family=filter", "family=order_limit", "db_id=shop",
     }  # fmt: skip
     records = read_outcomes(tmp_path / "evals" / "transfer_base_0.jsonl")
+    failures = Counter(r["failure"] for r in records if not r["success"])
+    assert sum(int(line.split()[-1]) for line in table[why + 1 :] if line.strip()) == sum(failures.values())
+    for record in records:  # each failure agrees with what SQLite itself makes of the reply's query
+        assert (record["failure"] is None) == bool(record["success"])
+        query = extract_sql(record["completion"])
+        if query is None:
+            assert record["failure"] == "no SQL"
+            continue
+        try:
+            with sqlite3.connect(f"{sql_db_dir}/shop.sqlite") as db:
+                db.execute(query).fetchall()
+        except sqlite3.Error:
+            assert record["failure"] not in ("wrong result", "no SQL", None)
+        else:
+            assert record["failure"] in ("wrong result", None)
     test_split = sql_tasks(sql_db_dir)["test"]
     assert sorted(r["key"] for r in records) == sorted(task_key(t) for t in test_split)
     assert all(r["db_id"] == "shop" and r["completion"].startswith("```sql\nSELECT") for r in records)
