@@ -32,7 +32,7 @@ from envs import EnvError
 from rl.algo.optim import build_lr_scheduler, build_optimizer
 from rl.job import distributed as dp
 from rl.job.bookkeeping import log_step, open_logger, resume
-from rl.job.checkpoint import RunDirError, check_run_dir, save_checkpoint
+from rl.job.checkpoint import RunDirError, check_checkpoint, check_run_dir, save_checkpoint
 from rl.job.config import register_configs
 from rl.job.config_checks import check_config
 from rl.job.grpo_step import grpo_step, policy_update, task_stream
@@ -40,7 +40,7 @@ from rl.job.logger import ProgressBars
 from rl.job.loop_metrics import StepTimer, combine_rank_metrics
 from rl.job.model_loading import ModelLoadError
 from rl.job.modes import eval_only, export_only
-from rl.job.parts import Parts, build_parts
+from rl.job.parts import Parts, build_parts, load_policy_checkpoint
 from rl.job.stages import eval_point, stages_before_grpo
 from rl.job.summary import EvalPoint, run_summary, summary_text, write_summary
 from rl.settings import ConfigError
@@ -65,7 +65,12 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     cfg.run_dir = dp.broadcast_object(cfg.run_dir, dist)  # Hydra may stamp each rank's directory differently
     if dist.is_main:
         check_run_dir(cfg.run_dir, cfg.resume)  # before the model loads: the logs and checkpoints go there
+    if cfg.checkpoint:
+        check_checkpoint(cfg.checkpoint)
     parts = build_parts(cfg, dist)
+    start = ("base", 0)
+    if cfg.checkpoint:  # the adapter a new run starts from: its weights alone (a fresh optimizer, step 0)
+        start = ("checkpoint", load_policy_checkpoint(cfg, parts.model, parts.engine))
     optimizer = build_optimizer(parts.model, cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
     scheduler = build_lr_scheduler(
         optimizer,
@@ -75,11 +80,29 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     )
     update = policy_update(parts, cfg, optimizer, scheduler)
     stream = task_stream(parts, cfg)
-    start_step = resume(cfg, parts, optimizer, scheduler, stream)
+    resumed_at = resume(cfg, parts, optimizer, scheduler, stream)  # None: a fresh run
+    start_step = resumed_at or 0
     logger = open_logger(cfg, start_step) if dist.is_main else None  # rank 0 alone logs and checkpoints
     bars = logger.bars if logger is not None else ProgressBars(enabled=False)
     timer, history = StepTimer(), []
-    evals = stages_before_grpo(parts, cfg, logger, bars, timer) if start_step == 0 else []
+
+    def save(step: int) -> None:
+        save_checkpoint(
+            cfg.run_dir,
+            step,
+            parts.model,
+            optimizer,
+            scheduler,
+            data_position=stream.position(),
+            config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+            keep_last=cfg.keep_checkpoints,
+        )
+
+    evals = []
+    if resumed_at is None:
+        evals = stages_before_grpo(parts, cfg, logger, bars, timer, start)
+        if logger is not None and cfg.sft.steps > 0 and cfg.checkpoint_every:
+            save(0)  # the warm start's adapter, what GRPO starts from: step_0
     if logger is not None:
         logger.start_grpo()
     for step in range(start_step + 1, cfg.num_steps + 1):
@@ -94,16 +117,7 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
             continue
         log_step(logger, step, metrics, trajectories, parts.tokenizer)
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.num_steps):
-            save_checkpoint(
-                cfg.run_dir,
-                step,
-                parts.model,
-                optimizer,
-                scheduler,
-                data_position=stream.position(),
-                config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
-                keep_last=cfg.keep_checkpoints,
-            )
+            save(step)
     if logger is not None:
         logger.end_grpo()
     final_eval = cfg.num_steps > 0 or not evals  # num_steps=0: the warm start's evaluation is the last

@@ -8,22 +8,23 @@ from omegaconf import DictConfig, OmegaConf
 from rl.job import distributed as dp
 from rl.job.checkpoint import find_latest, load_checkpoint
 from rl.job.logger import RunLogger, SampleRow
-from rl.job.parts import Parts
+from rl.job.parts import Parts, grpo_version
 from rl.sync.adapter import lora_tensors
 
 
-def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int:
-    """With resume=true, load rank 0's latest checkpoint on every rank; returns the step it ended (or 0)."""
+def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int | None:
+    """With resume=true, load rank 0's latest checkpoint on every rank; returns the step it ended (0: the
+    warm start's), or None when the run starts afresh."""
     latest = dp.broadcast_object(
         find_latest(cfg.run_dir) if cfg.resume and parts.dist.is_main else None, parts.dist
     )
     if latest is None:
         if cfg.resume and parts.dist.is_main:
             print(f"resume=true, but {cfg.run_dir} holds no complete checkpoint: training starts at step 0")
-        return 0
+        return None
     state = load_checkpoint(latest, parts.model, optimizer, scheduler)
     stream.restore(state.data_position)
-    parts.engine.update_lora(lora_tensors(parts.model), version=state.step + 1)
+    parts.engine.update_lora(lora_tensors(parts.model), version=grpo_version(state.step))
     if parts.dist.is_main:
         print(f"resumed from {latest} at step {state.step}")
     return state.step

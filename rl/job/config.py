@@ -227,7 +227,8 @@ class TrainConfig(Settings):
     keep_checkpoints: int = 2
     resume: bool = False
     checkpoint: str | None = None  # mode=eval: the one to score (None: the base model); export: to merge;
-    # serve: the adapter to serve (None: the base model)
+    # serve: the adapter to serve (None: the base model); train: the adapter a new run starts from (its
+    # weights alone: a fresh optimizer and step 0; resume=true with a checkpoint in run_dir takes that one)
     run_dir: str = MISSING
 
 

@@ -16,7 +16,7 @@ from rl.job.curriculum import Curriculum
 from rl.job.data import TaskStream
 from rl.job.evaluate import succeeded
 from rl.job.loop_metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
-from rl.job.parts import Parts
+from rl.job.parts import Parts, grpo_version
 from rl.job.play import group_rewards, play_groups, to_rollout_batch
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
@@ -117,7 +117,7 @@ def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: S
         stats = update(batch)  # 4. the clipped policy-gradient step on the LoRA weights
     with timer("sync"):  # 5. the new adapter into the engine
         dp.check_replicas(lora_tensors(parts.model), parts.dist)
-        sync_stats = parts.engine.update_lora(lora_tensors(parts.model), version=step + 1)
+        sync_stats = parts.engine.update_lora(lora_tensors(parts.model), version=grpo_version(step))
     metrics = {  # 6. what the step did
         **reward_metrics(groups, rewards),
         **stats.as_dict(),

@@ -25,6 +25,15 @@ from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import GroupResult, LLMEngine, SamplingParams
 from rollout_engine.sync_contract import SyncStats
 
+# The adapter versions a run pushes into its engine, each above the last: the model's as built (0), a
+# checkpoint's (1: checkpoint=...), the warm start's (2), and after GRPO step n, 2 + n.
+CHECKPOINT_VERSION, WARM_START_VERSION = 1, 2
+
+
+def grpo_version(step: int) -> int:
+    """The adapter version after GRPO step `step` (0: what GRPO starts from)."""
+    return WARM_START_VERSION + step
+
 
 class RolloutEngine(Protocol):
     """What the job asks of an engine, colocated (`LLMEngine`) or in a rollout worker (`RemoteEngine`)."""
@@ -129,9 +138,9 @@ def build_policy(cfg: DictConfig, dist: dp.DistInfo):
 
 
 def load_policy_checkpoint(cfg: DictConfig, model, engine: RolloutEngine) -> int:
-    """cfg.checkpoint's adapter into the model and the engine; returns its step."""
+    """cfg.checkpoint's adapter (its weights alone) into the model and the engine; returns its step."""
     step = load_checkpoint(cfg.checkpoint, model, restore_rng=False).step
-    engine.update_lora(lora_tensors(model), version=1)
+    engine.update_lora(lora_tensors(model), version=CHECKPOINT_VERSION)
     return step
 
 

@@ -16,7 +16,7 @@ from rl.job.evaluate import EvalResult, play_eval
 from rl.job.grpo_step import sampling_params
 from rl.job.logger import ProgressBars, RunLogger
 from rl.job.loop_metrics import StepTimer
-from rl.job.parts import Parts
+from rl.job.parts import WARM_START_VERSION, Parts
 from rl.job.pass_at_k import PassAtK, play_samples
 from rl.job.sft import DemoSampler, demonstrations, warm_start
 from rl.job.summary import EvalPoint
@@ -128,19 +128,25 @@ def supervised_warm_start(
             on_step,
         )
     dp.check_replicas(lora_tensors(parts.model), parts.dist)
-    parts.engine.update_lora(lora_tensors(parts.model), version=1)
+    parts.engine.update_lora(lora_tensors(parts.model), version=WARM_START_VERSION)
 
 
 def stages_before_grpo(
-    parts: Parts, cfg: DictConfig, logger: RunLogger | None, bars: ProgressBars, timer: StepTimer
+    parts: Parts,
+    cfg: DictConfig,
+    logger: RunLogger | None,
+    bars: ProgressBars,
+    timer: StepTimer,
+    start: tuple[str, int] = ("base", 0),
 ) -> list[EvalPoint]:
-    """A fresh run scores the base model, then (sft.steps > 0) runs the warm start and scores it again;
+    """A fresh run scores the policy it starts from (`start`: the base model, or ("checkpoint", its step)
+    when cfg.checkpoint gave the adapter), then (sft.steps > 0) runs the warm start and scores it again;
     step 0 of the log holds what GRPO starts from."""
     with timer("eval"):
-        evals = [eval_point(parts, cfg, "base", 0, bars, transfer=True)]
+        evals = [eval_point(parts, cfg, *start, bars, transfer=True)]
     if cfg.sft.steps > 0:
         if logger is not None:
-            logger.log_stage("base", 0, evals[-1].metrics())
+            logger.log_stage(start[0], 0, evals[-1].metrics())
         with timer("sft"):
             supervised_warm_start(parts, cfg, logger, bars)
         with timer("eval"):

@@ -56,25 +56,28 @@ class EvalPoint:
         return point
 
 
-def _result_at(points: Sequence[EvalPoint], stage: str, last: bool = False, transfer: bool = False):
-    matching = [p.transfer if transfer else p.result for p in points if p.stage == stage]
-    matching = [r for r in matching if r is not None]
-    return (matching[-1] if last else matching[0]) if matching else None
+def _base_result(points: Sequence[EvalPoint], transfer: bool = False) -> EvalResult | None:
+    """The base model's evaluation (of the transfer set with `transfer`), where the run scored it."""
+    matching = [p.transfer if transfer else p.result for p in points if p.stage == "base"]
+    return next((r for r in matching if r is not None), None)
 
 
-def _accuracy_at(points: Sequence[EvalPoint], stage: str, last: bool = False, transfer: bool = False):
-    result = _result_at(points, stage, last, transfer)
-    return None if result is None else result.accuracy
+def _grpo_start(points: Sequence[EvalPoint], transfer: bool = False) -> float | None:
+    """The accuracy GRPO began from: the last evaluation before it (the warm start's, else the base model's or
+    the starting checkpoint's); None when the run did not see it (a resumed run)."""
+    before = [p.transfer if transfer else p.result for p in points if p.stage != "grpo"]
+    before = [r for r in before if r is not None]
+    return before[-1].accuracy if before else None
 
 
-def transfer_summary(points: Sequence[EvalPoint], sft_steps: int) -> dict[str, Any]:
+def transfer_summary(points: Sequence[EvalPoint]) -> dict[str, Any]:
     """The ``transfer_*`` keys of ``summary.json``; none when no point scored a transfer set."""
     scored = [p.transfer for p in points if p.transfer is not None]
     if not scored:
         return {}
-    base = _result_at(points, "base", transfer=True)
+    base = _base_result(points, transfer=True)
     base_accuracy = None if base is None else base.accuracy
-    start = _accuracy_at(points, "sft", last=True, transfer=True) if sft_steps > 0 else base_accuracy
+    start = _grpo_start(points, transfer=True)
     final = scored[-1]
     return {
         "transfer_base_accuracy": base_accuracy,
@@ -93,15 +96,16 @@ def run_summary(
     points: Sequence[EvalPoint], seed: int, wall_s: float, sft_steps: int, words: ScoreWords
 ) -> dict[str, Any]:
     """The keys of ``summary.json``. ``grpo_start_accuracy`` is where GRPO began: after the warm start when
-    there was one, else the base model (None for either when a resumed run did not see it). ``words`` are
-    the env's names for its score and its held-out tasks."""
-    base = _accuracy_at(points, "base")
-    grpo_start = _accuracy_at(points, "sft", last=True) if sft_steps > 0 else base
+    there was one, else the base model, or the checkpoint the run started from (None for any of them when a
+    resumed run did not see it; ``base_accuracy`` is None too when the run started from a checkpoint).
+    ``words`` are the env's names for its score and its held-out tasks."""
+    base = _base_result(points)
+    grpo_start = _grpo_start(points)
     final = points[-1].result
     return {
         "success_name": words.success,
         "eval_tasks_name": words.tasks,
-        "base_accuracy": base,
+        "base_accuracy": None if base is None else base.accuracy,
         "grpo_start_accuracy": grpo_start,
         "final_accuracy": final.accuracy,
         "final_ci95": list(final.ci95),
@@ -114,7 +118,7 @@ def run_summary(
         "base_by_label": points[0].result.by_label if points[0].stage == "base" else None,
         "failures": final.failures,
         "base_failures": points[0].result.failures if points[0].stage == "base" else None,
-        **transfer_summary(points, sft_steps),
+        **transfer_summary(points),
     }
 
 
@@ -156,7 +160,7 @@ def _stage_accuracies(summary: dict[str, Any], prefix: str = "") -> list[str]:
     for key in ("base_accuracy", "grpo_start_accuracy", "final_accuracy"):
         value = summary[prefix + key]
         name = f"{prefix + key:{20 + len(prefix)}}"
-        lines.append(f"  {name} {'n/a (resumed run)' if value is None else f'{value:.3f}'}")
+        lines.append(f"  {name} {'n/a (not scored in this run)' if value is None else f'{value:.3f}'}")
     return lines
 
 

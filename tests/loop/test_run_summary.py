@@ -73,7 +73,7 @@ def test_without_a_warm_start_grpo_starts_at_the_base_and_a_resume_knows_neither
     assert plain["grpo_start_accuracy"] == plain["base_accuracy"] == 0.1
     resumed = run_summary([EvalPoint("grpo", 5, result(0.2))], 0, 1.0, 0, SQL_SCORE_WORDS)
     assert resumed["base_accuracy"] is None and resumed["grpo_start_accuracy"] is None
-    assert "base_accuracy        n/a (resumed run)" in summary_text(resumed, [], StepTimer())
+    assert "base_accuracy        n/a (not scored in this run)" in summary_text(resumed, [], StepTimer())
 
 
 def test_a_transfer_set_adds_its_own_keys_lines_and_tables():
@@ -126,7 +126,8 @@ def test_without_a_warm_start_the_transfer_sets_grpo_start_is_its_base():
     assert summary["transfer_grpo_start_accuracy"] == summary["transfer_base_accuracy"] == 0.25
     resumed = run_summary(points[1:], 0, 1.0, sft_steps=0, words=SQL_SCORE_WORDS)
     assert resumed["transfer_base_accuracy"] is None and resumed["transfer_base_by_label"] is None
-    assert "transfer_base_accuracy        n/a (resumed run)" in summary_text(resumed, [], StepTimer())
+    text = summary_text(resumed, [], StepTimer())
+    assert "transfer_base_accuracy        n/a (not scored in this run)" in text
 
 
 def test_the_summary_speaks_of_the_score_in_the_envs_own_words(tmp_path):

@@ -23,6 +23,7 @@ from rl.job.config import register_configs
 from rl.job.data import TaskStream
 from rl.job.grpo_step import collect_groups
 from rl.job.loop_metrics import StepTimer
+from rl.job.outcomes import read_outcomes
 from rl.job.parts import build_parts
 from rl.job.play import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
@@ -342,6 +343,44 @@ def test_zero_grpo_steps_run_the_warm_start_alone_and_report_it_as_final(train_m
     assert result.history == []
 
 
+WARM = ["sft.steps=2", "sft.batch_size=4", SMALL_SQL]
+
+
+@pytest.mark.usefixtures("fixed_cpu_threads")
+def test_the_warm_start_saves_step_0_and_a_resume_from_it_goes_on_with_grpo(train_module, tmp_path):
+    straight = run(train_module, tmp_path / "a", "num_steps=2", *WARM)
+    run(train_module, tmp_path / "b", "num_steps=0", *WARM)  # the warm start alone, then a stop
+    assert find_latest(tmp_path / "b").name == "step_0"
+    resumed = run(train_module, tmp_path / "b", "num_steps=2", "resume=true", *WARM)
+    assert [p.stage for p in resumed.evals] == ["grpo"] and len(resumed.history) == 2  # no second warm start
+    assert [m["policy_loss"] for m in resumed.history] == [m["policy_loss"] for m in straight.history]
+    a, b = lora_tensors(straight.parts.model), lora_tensors(resumed.parts.model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.usefixtures("fixed_cpu_threads")
+def test_a_new_run_starts_from_another_runs_checkpoint(train_module, tmp_path):
+    warm = run(train_module, tmp_path / "a", "num_steps=0", *WARM)
+    step_0 = tmp_path / "a" / "checkpoints" / "step_0"
+    grpo = run(train_module, tmp_path / "b", "num_steps=1", f"checkpoint={step_0}", SMALL_SQL)
+    assert [(p.stage, p.step) for p in grpo.evals] == [("checkpoint", 0), ("grpo", 1)]
+    # the same adapter: the same replies to the same held-out tasks as the first run's warm start gave
+    scored = read_outcomes(tmp_path / "b" / "evals" / "held_out_checkpoint_0.jsonl")
+    assert scored == read_outcomes(tmp_path / "a" / "evals" / "held_out_sft_2.jsonl")
+    assert grpo.summary["base_accuracy"] is None  # the untouched model was not scored
+    assert grpo.summary["grpo_start_accuracy"] == warm.evals[-1].result.accuracy
+    more = run(train_module, tmp_path / "c", "num_steps=0", f"checkpoint={step_0}", *WARM)
+    assert [(p.stage, p.step) for p in more.evals] == [("checkpoint", 0), ("sft", 2)]  # a warm start on top
+
+
+def test_a_start_checkpoint_that_is_not_one_stops_the_run_before_the_model_loads(
+    train_module, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(train_module, "build_parts", never_built)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train_module.train(compose_cfg(tmp_path / "run", f"checkpoint={tmp_path / 'nope'}"))
+
+
 def never_built(*args, **kwargs):
     raise AssertionError("build_parts ran: the check came too late")
 
@@ -397,11 +436,11 @@ def test_a_new_run_into_an_earlier_runs_directory_stops_before_the_model_loads(
 
 def test_resume_without_a_checkpoint_says_so_and_starts_at_step_0(train_module, tmp_path, capsys):
     parts = types.SimpleNamespace(dist=dp.SINGLE_PROCESS)
-    assert resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None) == 0
+    assert resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None) is None
     assert f"resume=true, but {tmp_path} holds no complete checkpoint: training starts at step 0" in (
         capsys.readouterr().out
     )
-    assert resume(compose_cfg(tmp_path), parts, None, None, None) == 0
+    assert resume(compose_cfg(tmp_path), parts, None, None, None) is None
     assert capsys.readouterr().out == ""  # no resume asked, nothing to say
 
 
