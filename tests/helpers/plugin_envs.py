@@ -12,6 +12,16 @@ from datasets import Dataset, DatasetDict
 from envs import StepResult
 
 
+def plugin_module(name: str, *members) -> types.ModuleType:
+    """A module importable by dotted path, as a user's plugin package would be, holding `members` under their
+    own names."""
+    module = types.ModuleType(name)
+    for member in members:
+        setattr(module, member.__name__, member)
+    sys.modules[name] = module
+    return module
+
+
 class VowelEnv:
     """A plugin env whose reward (the share of vowels in the answer) varies even for a random model, so
     group-relative advantages are nonzero and the adapter must learn."""
@@ -38,9 +48,7 @@ def vowel_tasks():
     return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
 
 
-VOWEL_PLUGIN = types.ModuleType("e2e_vowel_env")
-VOWEL_PLUGIN.VowelEnv, VOWEL_PLUGIN.vowel_tasks = VowelEnv, vowel_tasks
-sys.modules[VOWEL_PLUGIN.__name__] = VOWEL_PLUGIN
+VOWEL_PLUGIN = plugin_module("e2e_vowel_env", VowelEnv, vowel_tasks)
 VOWELS = [
     "env=plugin",
     "env.name=e2e_vowel_env.VowelEnv",
@@ -125,10 +133,7 @@ def sql_tasks(db_dir: str, missing_db: bool = False):
     return DatasetDict(train=Dataset.from_list(rows[:1]), test=Dataset.from_list(rows[1:]))
 
 
-TRANSFER_PLUGIN = types.ModuleType("e2e_transfer_env")
-TRANSFER_PLUGIN.ParityEnv, TRANSFER_PLUGIN.parity_tasks = ParityEnv, parity_tasks
-TRANSFER_PLUGIN.other_tasks, TRANSFER_PLUGIN.sql_tasks = other_tasks, sql_tasks
-sys.modules[TRANSFER_PLUGIN.__name__] = TRANSFER_PLUGIN
+TRANSFER_PLUGIN = plugin_module("e2e_transfer_env", ParityEnv, parity_tasks, other_tasks, sql_tasks)
 PARITY = [
     "env=plugin",
     "env.name=e2e_transfer_env.ParityEnv",

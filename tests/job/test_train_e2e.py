@@ -2,7 +2,6 @@
 
 import json
 import math
-import sys
 import types
 from collections.abc import Iterable
 
@@ -26,7 +25,7 @@ from rl.job.play import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
-from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS
+from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS, plugin_module
 from tests.helpers.train_runs import SMALL_SQL, compose_cfg, load_train_module
 
 # The metrics a training run must log: TRL's names plus the engine's own. "rewards/" stands for one metric per
@@ -108,9 +107,7 @@ def right_answer_tasks():
     return DatasetDict(train=Dataset.from_list(train), test=Dataset.from_list(test))
 
 
-RIGHT_ANSWER = types.ModuleType("e2e_right_answer_env")
-RIGHT_ANSWER.RightAnswerEnv, RIGHT_ANSWER.right_answer_tasks = RightAnswerEnv, right_answer_tasks
-sys.modules[RIGHT_ANSWER.__name__] = RIGHT_ANSWER
+RIGHT_ANSWER = plugin_module("e2e_right_answer_env", RightAnswerEnv, right_answer_tasks)
 
 
 @pytest.fixture(scope="module")
