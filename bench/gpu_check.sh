@@ -31,15 +31,15 @@
 #   - The CUDA KV pool (one zeroed allocation, counted whole) and the engine under its memory fraction, with its
 #     activations profiled on the device: gpu_tests (test_rollout_kv_pool.py, test_rollout_engine_gpu.py).
 #   - bf16 on CUDA: model.dtype=auto choosing bf16, the engine's bf16 greedy tokens and logprobs against
-#     transformers': gpu_tests (tests/foundation/test_models.py, test_rollout_engine_gpu.py); bf16 speed:
+#     transformers': gpu_tests (tests/job/test_models.py, test_rollout_engine_gpu.py); bf16 speed:
 #     decode_graphs, rollout.
 #   - Weight sync between CUDA tensors, in-process and to a rollout worker on the trainer's own GPU (over gloo:
 #     NCCL refuses two ranks on one GPU): gpu_tests (tests/sync); its speed: weight_sync.
 #   - A checkpoint of a CUDA model and its CUDA RNG, resumed to the uninterrupted run's weights: gpu_tests
-#     (tests/loop).
+#     (tests/job/test_checkpoint_resume.py).
 # What one GPU cannot check at all: NCCL, which wants each rank on a GPU of its own. Its weight sync to a
 # rollout worker on a second GPU (tests/sync/test_distributed_sync.py's nccl test; weight_sync's NCCL row) and
-# data-parallel gradients over NCCL (tests/rl/test_ddp_gradients.py's cuda case) are there, and skip, saying
+# data-parallel gradients over NCCL (tests/algo/test_ddp_gradients.py's cuda case) are there, and skip, saying
 # so, where there is one GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -130,7 +130,7 @@ part() {  # part NAME COMMAND...: run one part under its limit (cut short by the
 run_part() {
   case $1 in
     gpu_tests)
-      # Only the files that hold gpu tests are collected (the engine's first, then kernels, loop, sync), and
+      # Only the files that hold gpu tests are collected (the engine's first, then the others by path), and
       # a file whose imports fail (a missing optional package) is reported without stopping the rest.
       local files
       mapfile -t files < <(grep -rl --include='test_*.py' 'mark.gpu' tests | sort |

@@ -1,6 +1,6 @@
 """The Triton kernels compile for the H200 (sm_90) down to a cubin through ptxas, without register spills.
 
-No GPU is needed: a subprocess (this file run as a script, with the interpreter off) compiles each kernel
+No GPU is needed: a subprocess (this module run as a script, with the interpreter off) compiles each kernel
 ahead of time for the sm_90 target, with the 16-divisibility that launches on real tensors get, and reads
 the register and stack use of the cubin."""
 
@@ -216,7 +216,13 @@ def compile_all(dtype: str) -> dict[str, dict[str, int]]:
 def test_kernels_compile_for_sm90_without_spills(dtype):
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     done = subprocess.run(
-        [sys.executable, __file__, dtype], env=env, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, "-m", __name__, dtype],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=Path(__file__).parents[2],
     )
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.splitlines()[-1])
@@ -226,5 +232,4 @@ def test_kernels_compile_for_sm90_without_spills(dtype):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     print(json.dumps(compile_all(sys.argv[1])))

@@ -4,8 +4,6 @@ grouped shrink_expand (one shrink over the stacked A of projections sharing an i
 per projection, on every backend."""
 
 import gc
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,12 +12,8 @@ import kernels.lora
 from kernels import use_backend
 from kernels.cpu_gemm import HAS_MKL_PACKING, PackPart, packed_stacked_linear, packed_weight_bytes
 from kernels.lora import StackedLora, lora_expand, lora_shrink, lora_shrink_expand
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout_engine"))
-from rollout_tiny_models import make_engine, random_prompts  # noqa: E402
-from test_rollout_lora import peft_model  # noqa: E402
-
-from rollout_engine import SamplingParams  # noqa: E402
+from rollout_engine import SamplingParams
+from tests.helpers.rollout_tiny_models import make_engine, peft_model, random_prompts
 
 SCALE = 0.75
 

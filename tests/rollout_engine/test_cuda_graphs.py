@@ -2,19 +2,13 @@
 step into the static buffers, and the padded static forward (what a graph captures) against the eager step."""
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cuda_graph_cases import BLOCK_SIZE, MAX_MODEL_LEN, eager_logits, make_runner, prefilled_decode_step  # noqa: E402
-from rollout_tiny_models import make_engine, make_tiny_model, random_prompts  # noqa: E402
-
-from rl.sync.adapter import add_lora  # noqa: E402
-from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.cuda_graphs import (  # noqa: E402
+from rl.sync.adapter import add_lora
+from rollout_engine import SamplingParams
+from rollout_engine.cuda_graphs import (
     DecodeGraphs,
     bucket_size,
     capture_sizes,
@@ -22,11 +16,19 @@ from rollout_engine.cuda_graphs import (  # noqa: E402
     is_decode_only,
     new_decode_buffers,
 )
-from rollout_engine.lora import LoraTokens  # noqa: E402
-from rollout_engine.memory import num_kv_blocks  # noqa: E402
-from rollout_engine.models import AttentionMetadata, StepInputs  # noqa: E402
-from rollout_engine.scheduler import ScheduledSeq  # noqa: E402
-from rollout_engine.sequence import Sequence  # noqa: E402
+from rollout_engine.lora import LoraTokens
+from rollout_engine.memory import num_kv_blocks
+from rollout_engine.models import AttentionMetadata, StepInputs
+from rollout_engine.scheduler import ScheduledSeq
+from rollout_engine.sequence import Sequence
+from tests.helpers.cuda_graph_cases import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    eager_logits,
+    make_runner,
+    prefilled_decode_step,
+)
+from tests.helpers.rollout_tiny_models import make_engine, make_tiny_model, random_prompts
 
 MAX_BLOCKS = MAX_MODEL_LEN // BLOCK_SIZE
 

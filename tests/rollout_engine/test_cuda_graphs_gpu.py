@@ -3,20 +3,22 @@ without graphs (tiny Llama and SmolLM2), LoRA updates reach captured graphs, and
 
 import copy
 import gc
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cuda_graph_cases import BLOCK_SIZE, MAX_MODEL_LEN, eager_logits, make_runner, prefilled_decode_step  # noqa: E402
-from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
-
-from rl.job.model_loading import ModelLoadError  # noqa: E402
-from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
-from rollout_engine.cuda_graphs import measure_graph_bytes  # noqa: E402
-from rollout_engine.models import build_paged_model  # noqa: E402
+from rl.job.model_loading import ModelLoadError
+from rollout_engine import LLMEngine, SamplingParams
+from rollout_engine.cuda_graphs import measure_graph_bytes
+from rollout_engine.models import build_paged_model
+from tests.helpers.cuda_graph_cases import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    eager_logits,
+    make_runner,
+    prefilled_decode_step,
+)
+from tests.helpers.rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts
 
 pytestmark = pytest.mark.gpu
 

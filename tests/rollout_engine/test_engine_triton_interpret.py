@@ -16,28 +16,30 @@ each program of every launch in numpy, one after another.
 """
 
 import contextlib
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cuda_graph_cases import install_eager_replays  # noqa: E402
-from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
-from test_rollout_lora import peft_model  # noqa: E402
-
-import kernels.activation  # noqa: E402
-import kernels.lora  # noqa: E402
-import kernels.paged_attention  # noqa: E402
-import kernels.reshape_and_cache  # noqa: E402
-import kernels.rms_norm  # noqa: E402
-import kernels.rotary_embedding  # noqa: E402
-import rollout_engine.sampler  # noqa: E402
-from kernels import use_backend  # noqa: E402
-from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.memory import activation_bytes, kv_bytes_per_block  # noqa: E402
+import kernels.activation
+import kernels.lora
+import kernels.paged_attention
+import kernels.reshape_and_cache
+import kernels.rms_norm
+import kernels.rotary_embedding
+import rollout_engine.sampler
+from kernels import use_backend
+from rollout_engine import SamplingParams
+from rollout_engine.memory import activation_bytes, kv_bytes_per_block
+from tests.helpers.cuda_graph_cases import install_eager_replays
+from tests.helpers.rollout_tiny_models import (
+    hf_greedy,
+    hf_logprobs,
+    make_engine,
+    make_tiny_model,
+    peft_model,
+    random_prompts,
+)
 
 LOGPROB_ATOL = 1e-4
 FP16_LOGPROB_ATOL = 2e-2

@@ -7,18 +7,14 @@ gives (the fp32 engine keeps its 1e-4 parity in test_rollout_engine_vs_hf.py and
 
 import contextlib
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
-
-from kernels.cpu_gemm import get_bf16_gemm, set_bf16_gemm  # noqa: E402
-from rl.sync.adapter import add_lora  # noqa: E402
-from rollout_engine import SamplingParams  # noqa: E402
+from kernels.cpu_gemm import get_bf16_gemm, set_bf16_gemm
+from rl.sync.adapter import add_lora
+from rollout_engine import SamplingParams
+from tests.helpers.rollout_tiny_models import hf_logprobs, make_engine, make_tiny_model, random_prompts
 
 # Measured (4 prompts x 4 samples x 16 tokens at T=1), mean / max |engine - transformers| logprob: adapter
 # on 0.030 / 0.176 (llama), 0.032 / 0.244 (qwen2), 0.024 / 0.096 (qwen3); adapter off 0.024 / 0.118,

@@ -1,24 +1,19 @@
 """Engine features on a tiny random Llama: GRPO group sharing, chunked prefill, preemption under a
 tight KV budget, the prefix cache and its policy reset, multi-turn continuation, and no leaked blocks."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import (  # noqa: E402
+from kernels.cpu_gemm import HAS_MKL_PACKING
+from rollout_engine import SamplingParams
+from rollout_engine.memory import activation_bytes, kv_bytes_per_block
+from tests.helpers.rollout_tiny_models import (
     LLAMA_PACKED_BYTES,
     hf_greedy,
     make_engine,
     make_tiny_model,
     random_prompts,
 )
-
-from kernels.cpu_gemm import HAS_MKL_PACKING  # noqa: E402
-from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.memory import activation_bytes, kv_bytes_per_block  # noqa: E402
 
 # the CPU engine's budget also holds its packed copies of the weights
 PACKED_BYTES = LLAMA_PACKED_BYTES if HAS_MKL_PACKING else 0

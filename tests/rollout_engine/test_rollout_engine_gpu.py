@@ -2,17 +2,12 @@
 bf16 (what model.dtype=auto picks on CUDA) its greedy tokens and logprobs agree with transformers' to bf16's
 rounding."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_greedy, make_tiny_model, random_prompts  # noqa: E402
-
-from rl.job.model_loading import resolve_dtype  # noqa: E402
-from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
+from rl.job.model_loading import resolve_dtype
+from rollout_engine import LLMEngine, SamplingParams
+from tests.helpers.rollout_tiny_models import hf_greedy, make_tiny_model, random_prompts
 
 pytestmark = pytest.mark.gpu
 

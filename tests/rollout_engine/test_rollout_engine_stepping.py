@@ -2,19 +2,15 @@
 produced (with its logprob, its top alternatives and, on a sample's last token, its finish reason); the tokens
 add up to generate()'s completions, and a request added mid-run joins the running batch at the next step."""
 
-import sys
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
-
-from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.requests import PromptError  # noqa: E402
-from rollout_engine.sampling_params import SamplingParamsError  # noqa: E402
+from rollout_engine import SamplingParams
+from rollout_engine.requests import PromptError
+from rollout_engine.sampling_params import SamplingParamsError
+from tests.helpers.rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts
 
 
 @pytest.fixture(scope="module")

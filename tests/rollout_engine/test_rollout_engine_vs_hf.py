@@ -3,21 +3,24 @@ sampled-token logprobs, shared weights, peft wrapping, seeds, and bad input."""
 
 import gc
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, Qwen2Config
+from transformers import GPT2Config
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
-
-import rollout_engine.engine as engine_module  # noqa: E402
-from kernels import cpu_gemm  # noqa: E402
-from kernels.cpu_gemm import HAS_MKL_PACKING  # noqa: E402
-from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
-from rollout_engine.sampling_params import MIN_TEMPERATURE  # noqa: E402
+import rollout_engine.engine as engine_module
+from kernels import cpu_gemm
+from kernels.cpu_gemm import HAS_MKL_PACKING
+from rollout_engine import LLMEngine, SamplingParams
+from rollout_engine.sampling_params import MIN_TEMPERATURE
+from tests.helpers.rollout_tiny_models import (
+    hf_greedy,
+    hf_logprobs,
+    make_engine,
+    make_tiny_model,
+    random_prompts,
+)
+from tests.helpers.tiny_models import tiny_config, tiny_model
 
 FAMILIES = ["llama", "qwen2", "qwen3"]
 LENGTHS = [3, 11, 17, 6, 30]
@@ -289,16 +292,15 @@ def test_a_failed_step_aborts_only_the_requests_it_was_running(llama, monkeypatc
 
 
 def test_unsupported_architecture_is_rejected():
-    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    gpt2 = tiny_model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64), seed=None)
     with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
         LLMEngine(gpt2, None, memory_budget_bytes=2**26)
 
 
 def test_sliding_window_attention_is_rejected():
-    config = Qwen2Config(
+    config = tiny_config(
+        "qwen2",
         vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
@@ -306,7 +308,7 @@ def test_sliding_window_attention_is_rejected():
         sliding_window=16,
     )
     with pytest.raises(ValueError, match="use_sliding_window=True is not supported"):
-        LLMEngine(AutoModelForCausalLM.from_config(config), None, memory_budget_bytes=2**26)
+        LLMEngine(tiny_model(config, seed=None), None, memory_budget_bytes=2**26)
 
 
 def test_budget_too_small_for_one_sequence_fails_at_start_up(llama):

@@ -11,17 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
-
-from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.kv_pool import (  # noqa: E402
+from rollout_engine import SamplingParams
+from rollout_engine.kv_pool import (
     allocate_kv_pool,
     commit_blocks,
     commits_on_write,
     release_blocks,
     resident_bytes,
 )
+from tests.helpers.rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts
 
 CPU = torch.device("cpu")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="resident pages are counted with mincore")

@@ -1,35 +1,23 @@
 """LoRA inside the engine against peft: greedy tokens, logprobs, hot updates, mixed batches, bad updates."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
-
-import rollout_engine.models.linear as linear_module  # noqa: E402
-from kernels.cpu_gemm import HAS_MKL_PACKING, MIN_PACKED_ROWS  # noqa: E402
-from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
-from rl.sync.transport import InProcessSync  # noqa: E402
-from rollout_engine import SamplingParams  # noqa: E402
+import rollout_engine.models.linear as linear_module
+from kernels.cpu_gemm import HAS_MKL_PACKING, MIN_PACKED_ROWS
+from rl.sync.adapter import lora_tensors
+from rl.sync.transport import InProcessSync
+from rollout_engine import SamplingParams
+from tests.helpers.rollout_tiny_models import (
+    hf_greedy,
+    hf_logprobs,
+    make_engine,
+    peft_model,
+    random_prompts,
+    randomize_lora,
+)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[])
-
-
-def randomize_lora(model, seed: int, std: float = 0.3) -> None:
-    """peft starts B at zero (a no-op adapter); random A and B make every adapted projection matter."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for tensor in lora_tensors(model).values():
-            tensor.copy_(torch.randn(tensor.shape, generator=gen) * std)
-
-
-def peft_model(family: str, targets, seed: int = 0):
-    model = add_lora(make_tiny_model(family, seed=seed), rank=4, alpha=8.0, target_modules=targets)
-    randomize_lora(model, seed=seed + 100)
-    return model.eval()
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

@@ -4,21 +4,22 @@ stacked A when their rank and scale agree, and fall back to groups of their own 
 Every adapter here has random non-zero A and B per projection, so a projection served another's rows of the
 stacked A, or another's B or scale, would be off by O(1) against peft's own forward."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_greedy, hf_logprobs, make_engine, make_tiny_model, random_prompts  # noqa: E402
-from test_rollout_lora import randomize_lora  # noqa: E402
-
-from rl.sync.adapter import PROJECTIONS, lora_tensors  # noqa: E402
-from rollout_engine import SamplingParams  # noqa: E402
-from rollout_engine.lora import LoraAdapter, LoraTokens  # noqa: E402
-from rollout_engine.models.linear import base_linear, linears  # noqa: E402
+from rl.sync.adapter import PROJECTIONS, lora_tensors
+from rollout_engine import SamplingParams
+from rollout_engine.lora import LoraAdapter, LoraTokens
+from rollout_engine.models.linear import base_linear, linears
+from tests.helpers.rollout_tiny_models import (
+    hf_greedy,
+    hf_logprobs,
+    make_engine,
+    make_tiny_model,
+    random_prompts,
+    randomize_lora,
+)
 
 # (rank_pattern, alpha_pattern) over rank 4, alpha 8; and the groups expected for (q, k, v) and (gate, up)
 PATTERNS = {

@@ -1,8 +1,6 @@
 """KV pool sizing from the memory fraction, worked by hand, and the start-up line that reports it."""
 
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,9 +8,7 @@ import torch
 from kernels import use_backend
 from kernels.cpu_gemm import HAS_MKL_PACKING
 from rollout_engine.memory import kv_bytes_per_block, num_kv_blocks, total_memory_bytes
-
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import LLAMA_PACKED_BYTES, make_engine, make_tiny_model  # noqa: E402
+from tests.helpers.rollout_tiny_models import LLAMA_PACKED_BYTES, make_engine, make_tiny_model
 
 
 def test_bytes_per_block_of_smollm2_shape():

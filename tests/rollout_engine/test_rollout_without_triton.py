@@ -1,5 +1,5 @@
 """The engine where triton is not installed (pyproject installs it on Linux x86_64 only, so not on a Mac or
-an ARM laptop). This file, run as a script, hides triton before anything imports it, then builds the engine
+an ARM laptop). This module, run as a script, hides triton before anything imports it, then builds the engine
 and generates on CPU: its greedy tokens must equal transformers', and its sampled ones this process's, which
 has triton."""
 
@@ -11,11 +11,9 @@ from pathlib import Path
 if __name__ == "__main__":
     sys.modules["triton"] = None  # `import triton` now raises ModuleNotFoundError, as where it is absent
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts  # noqa: E402
-
-import kernels.backend  # noqa: E402
-from rollout_engine import SamplingParams  # noqa: E402
+import kernels.backend
+from rollout_engine import SamplingParams
+from tests.helpers.rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts
 
 GREEDY_TOKENS = 8
 
@@ -38,7 +36,11 @@ def rollout() -> dict:
 
 def test_engine_imports_and_generates_on_cpu_without_triton():
     script = subprocess.run(
-        [sys.executable, __file__], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2]
+        [sys.executable, "-m", __name__],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
     )
     assert script.returncode == 0, script.stderr[-3000:]
     without = json.loads(script.stdout.strip().splitlines()[-1])

@@ -1,15 +1,9 @@
-"""Puts this folder's helper module (live_server) on the path; the tiny model, a live server over it for the
-module's tests, and an `openai` client of it."""
-
-import sys
-from pathlib import Path
+"""The tiny model, a live server over it for the module's tests, and an `openai` client of it."""
 
 import pytest
 
 from rl.job.model_loading import load_model
-
-sys.path.insert(0, str(Path(__file__).parent))
-from live_server import LiveServer, tiny_engine, tiny_model  # noqa: E402
+from tests.helpers.live_server import LiveServer, tiny_engine, tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,17 @@ import httpx
 import openai
 import pytest
 import torch
-from live_server import MAX_MODEL_LEN, MODEL, LiveServer, chat_ids, hf_greedy, hf_log_softmax, tiny_engine
 
 from rollout_engine import SamplingParams, StepOutput
+from tests.helpers.live_server import (
+    MAX_MODEL_LEN,
+    MODEL,
+    LiveServer,
+    chat_ids,
+    hf_greedy,
+    hf_log_softmax,
+    tiny_engine,
+)
 
 PROMPTS = ["The capital of France is", "SELECT name FROM users WHERE", "Once upon a time", "def main():"]
 MESSAGES = [{"role": "system", "content": "Answer in SQL."}, {"role": "user", "content": "How many pets?"}]

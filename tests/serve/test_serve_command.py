@@ -10,19 +10,16 @@ from pathlib import Path
 
 import openai
 import pytest
-from live_server import hf_greedy
 
 from rl.job import distributed as dp
+from rl.job.config import register_configs
 from rl.job.model_loading import load_model
 from rl.settings import ConfigError
+from serve import command
+from tests.helpers.live_server import hf_greedy
+from tests.helpers.train_runs import adapted_checkpoint, compose_cfg, peft_reference
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "loop"))
-from test_export import adapted_checkpoint, peft_reference  # noqa: E402
-from test_train_e2e import compose_cfg  # noqa: E402
-
-from rl.job.config import register_configs  # noqa: E402
-from serve import command  # noqa: E402
 
 PROMPT = [1, 520, 9531, 198, 4093, 17, 88]
 

@@ -2,19 +2,15 @@
 GPUs, over gloo when trainer and worker share one GPU (NCCL refuses that) and over NCCL between two GPUs."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sync_fake_receiver import BufferEngine, PeftEngine, tiny_llama, token_logprobs  # noqa: E402
-
-from rl.job.rollout_worker import DistributedSync  # noqa: E402
-from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
-from rl.sync.transport import choose_backend, device_id  # noqa: E402
-from rollout_engine.sync_contract import tensor_specs  # noqa: E402
+from rl.job.rollout_worker import DistributedSync
+from rl.sync.adapter import add_lora, lora_tensors
+from rl.sync.transport import choose_backend, device_id
+from rollout_engine.sync_contract import tensor_specs
+from tests.helpers.sync_fake_receiver import BufferEngine, PeftEngine, tiny_llama, token_logprobs
 
 TARGETS = ["q_proj", "v_proj", "up_proj"]
 # per layer: q, v and up, each A [4, 64] and B [out, 4], with out = 64, 32, 112; fp32; 2 layers
@@ -69,13 +65,13 @@ def test_default_buckets_and_a_bad_update_rejected_before_sending():
 @pytest.mark.timeout(60)
 def test_factory_error_reaches_the_trainer():
     with pytest.raises(RuntimeError, match="no model file at /nonexistent/model.gguf"):
-        DistributedSync("sync_fake_receiver:build_failing_engine", timeout_s=10)
+        DistributedSync("tests.helpers.sync_fake_receiver:build_failing_engine", timeout_s=10)
 
 
 @pytest.mark.timeout(60)
 def test_worker_that_never_starts_is_stopped():
     with pytest.raises(TimeoutError, match="sent no 'ready' in 3 s; it was stopped"):
-        DistributedSync("sync_fake_receiver.build_stuck_engine", startup_timeout_s=3)
+        DistributedSync("tests.helpers.sync_fake_receiver.build_stuck_engine", startup_timeout_s=3)
 
 
 @pytest.mark.timeout(60)

@@ -1,17 +1,12 @@
 """InProcessSync: exact copies into receiver-owned buffers; bad updates change nothing."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sync_fake_receiver import BufferEngine, PeftEngine, tiny_llama, token_logprobs  # noqa: E402
-
-from rl.sync.adapter import add_lora, lora_tensors  # noqa: E402
-from rl.sync.transport import InProcessSync  # noqa: E402
-from rollout_engine.sync_contract import tensor_specs  # noqa: E402
+from rl.sync.adapter import add_lora, lora_tensors
+from rl.sync.transport import InProcessSync
+from rollout_engine.sync_contract import tensor_specs
+from tests.helpers.sync_fake_receiver import BufferEngine, PeftEngine, tiny_llama, token_logprobs
 
 
 def randomize(named: dict[str, torch.Tensor], seed: int) -> None:

@@ -1,16 +1,12 @@
 """rl.sync.adapter: target resolution, the engine naming contract and the LoRA math it implies."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sync_fake_receiver import tiny_llama  # noqa: E402
-
-from rl.sync.adapter import add_lora, lora_tensors, resolve_target_modules  # noqa: E402
+from rl.sync.adapter import add_lora, lora_tensors, resolve_target_modules
+from tests.helpers.sync_fake_receiver import tiny_llama
 
 HIDDEN, INTERMEDIATE, KV_OUT = 64, 112, 2 * 16  # tiny_llama: 4 heads of 16, 2 KV heads
 

@@ -6,9 +6,7 @@ import json
 
 import pytest
 import torch
-from peft import PeftModel
 from safetensors.torch import load_file
-from test_train_e2e import compose_cfg, load_train_module
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
 from rl.job import export
@@ -16,6 +14,7 @@ from rl.job.checkpoint import ADAPTER, ADAPTER_WEIGHTS, save_checkpoint
 from rl.job.config import register_configs
 from rl.job.model_loading import load_model
 from rl.sync.adapter import add_lora
+from tests.helpers.train_runs import adapted_checkpoint, compose_cfg, load_train_module, peft_reference
 
 SEQUENCES = [[1, 520, 9531, 198, 4093, 17, 88], [2, 33], list(range(100, 140))]
 PROJECTION = "model.layers.1.mlp.down_proj"  # a projection the default LoRA (all seven) adapts
@@ -33,20 +32,6 @@ def checkpoint(tmp_path_factory):
     return adapted_checkpoint(tmp_path_factory.mktemp("run"))
 
 
-def adapted_checkpoint(run_dir):
-    """A tiny_llama checkpoint in run_dir whose LoRA B (peft starts it at zero) holds random values, so the
-    adapter changes every adapted weight. The LoRA settings are the defaults the composed config holds."""
-    model, _ = load_model("tiny_llama", dtype="float32", device="cpu")
-    model = add_lora(model)  # r=16, alpha=32, all seven projections
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-    return save_checkpoint(run_dir, 7, model, optimizer)
-
-
 def export_cfg(tmp_path, *overrides):
     return compose_cfg(tmp_path / "run", "mode=export", *overrides)
 
@@ -56,12 +41,6 @@ def exported(train_module, checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "merged"
     train_module.export_only(export_cfg(out.parent, f"checkpoint={checkpoint}", f"export.dir={out}"))
     return out
-
-
-def peft_reference(checkpoint):
-    """The base model with the checkpoint's adapter, as peft runs it (unmerged)."""
-    base, _ = load_model("tiny_llama", dtype="float32", device="cpu")
-    return PeftModel.from_pretrained(base, checkpoint / ADAPTER).eval()
 
 
 def test_the_export_loads_without_peft_and_gives_the_adapted_models_logits(exported, checkpoint):

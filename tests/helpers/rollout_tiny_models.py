@@ -1,9 +1,11 @@
-"""Tiny random Llama / Qwen2 / Qwen3 models, HF references and engine builders for the engine tests."""
+"""Tiny random Llama / Qwen2 / Qwen3 models, with and without a random LoRA adapter, HF references and
+engine builders for the engine tests."""
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
+from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import LLMEngine
+from tests.helpers.tiny_models import tiny_config, tiny_model
 
 VOCAB = 256
 _SHAPE = dict(
@@ -22,17 +24,12 @@ _SHAPE = dict(
 # and v 32x64, o 64x64, gate and up 128x64, down 64x128 (36864 floats), 2 layers, and the 256x64 LM head:
 # 90112 floats of 4 bytes
 LLAMA_PACKED_BYTES = 360448
-CONFIGS = {
-    "llama": lambda: LlamaConfig(**_SHAPE),
-    "qwen2": lambda: Qwen2Config(**_SHAPE),
-    "qwen3": lambda: Qwen3Config(head_dim=32, **_SHAPE),
-}
+FAMILY_FIELDS = {"llama": {}, "qwen2": {}, "qwen3": {"head_dim": 32}}
 
 
 def make_tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
     """A seeded random model whose biases and norm weights are non-trivial, so each one matters."""
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
+    model = tiny_model(tiny_config(family, **_SHAPE, **FAMILY_FIELDS[family]), seed).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias"):
@@ -40,6 +37,20 @@ def make_tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
             elif param.dim() == 1:
                 param.add_(torch.randn_like(param) * 0.2)
     return model
+
+
+def randomize_lora(model, seed: int, std: float = 0.3) -> None:
+    """peft starts B at zero (a no-op adapter); random A and B make every adapted projection matter."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for tensor in lora_tensors(model).values():
+            tensor.copy_(torch.randn(tensor.shape, generator=gen) * std)
+
+
+def peft_model(family: str, targets, seed: int = 0):
+    model = add_lora(make_tiny_model(family, seed=seed), rank=4, alpha=8.0, target_modules=targets)
+    randomize_lora(model, seed=seed + 100)
+    return model.eval()
 
 
 def make_engine(model, **overrides) -> LLMEngine:

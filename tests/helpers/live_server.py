@@ -7,11 +7,11 @@ import time
 import openai
 import torch
 import uvicorn
-from transformers import AutoModelForCausalLM
 
 from rl.job.model_loading import TINY_CONFIGS
 from rollout_engine import LLMEngine
 from serve import build_app, listen
+from tests.helpers import tiny_models
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 128
@@ -22,8 +22,7 @@ def tiny_model(vocab_size: int) -> torch.nn.Module:
     wander over the whole vocabulary (multi-byte characters split across tokens included)."""
     config = TINY_CONFIGS["tiny_llama"](vocab_size)
     config.initializer_range = 0.2
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
+    return tiny_models.tiny_model(config, seed=0).eval()
 
 
 def tiny_engine(model, tokenizer) -> LLMEngine:

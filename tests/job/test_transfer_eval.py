@@ -3,18 +3,13 @@ run, with per-task outcome files that summary.json and metrics.jsonl must agree 
 unchanged; mode=eval scores it too; its task source is checked by the env like the env's own."""
 
 import json
-import os
 import sqlite3
-import sys
-import types
 from collections import Counter
 
 import pytest
 import torch
-from datasets import Dataset, DatasetDict
-from test_train_e2e import SMALL_SQL, compose_cfg, load_train_module
 
-from envs import EnvError, StepResult
+from envs import EnvError
 from envs.sql.prompts import extract_sql
 from host import cpu_threads
 from rl.job import modes
@@ -23,106 +18,9 @@ from rl.job.eval_sets import held_out_tasks
 from rl.job.outcomes import read_outcomes, task_key
 from rl.job.parts import build_parts
 from rl.settings import ConfigError
+from tests.helpers.plugin_envs import DATABASES, PARITY, TRANSFER, other_tasks, sql_tasks
+from tests.helpers.train_runs import SMALL_SQL, compose_cfg, load_train_module
 
-FAMILIES, DATABASES = ("filter", "join"), ("pets", "concert", "shop")
-
-
-class ParityEnv:
-    """A plugin env whose success is a parity of the question and the reply, so it splits the tasks roughly
-    in half even for a tiny random model that writes the same reply to every prompt, and accuracies computed
-    two ways can disagree; its reward adds a bonus for length, so success is its own `is_success` (the
-    `won` component), declared without subclassing envs.BaseEnv. It also demonstrates, so the warm start
-    runs."""
-
-    max_turns = 1
-
-    def start(self, task):
-        return ParityEpisode(task)
-
-    def demonstration(self, task):
-        return "even"
-
-    def is_success(self, episode):
-        return episode.rewards.get("won", 0.0) == 1.0
-
-
-class ParityEpisode:
-    max_turns = 1
-
-    def __init__(self, task):
-        self.question = task["question"]
-        self.messages = [{"role": "user", "content": self.question}]
-
-    def step(self, action):
-        won = float((len(action) + sum(map(ord, self.question))) % 2 == 0)
-        return StepResult(None, won + 0.01 * len(action), True, rewards={"won": won})
-
-
-def parity_tasks():
-    rows = [{"question": f"Describe the number {i} in a few words."} for i in range(40)]
-    return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
-
-
-def other_tasks(num_test: int = 16):
-    """Another source: other questions, with the labels a transfer table breaks accuracy down by."""
-    rows = [
-        {"question": f"Tell me a fact about item {i}.", "family": FAMILIES[i % 2], "db_id": DATABASES[i % 3]}
-        for i in range(num_test + 2)
-    ]
-    return DatasetDict(train=Dataset.from_list(rows[:2]), test=Dataset.from_list(rows[2:]))
-
-
-def write_shop_db(path) -> str:
-    if os.path.exists(path):  # the task source runs once per run: the database is written once
-        return str(path)
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE item (id INTEGER PRIMARY KEY, name TEXT, price REAL)")
-    rows = [(1, "pen", 1.5), (2, "ink", 4.0), (3, "pad", 2.25)]
-    conn.executemany("INSERT INTO item VALUES (?, ?, ?)", rows)
-    conn.commit()
-    conn.close()
-    return str(path)
-
-
-def sql_tasks(db_dir: str, missing_db: bool = False):
-    """Real-looking SQL tasks over a fixture database (the test split is what a transfer set scores)."""
-    db_path = write_shop_db(f"{db_dir}/shop.sqlite")
-    queries = [
-        ("How many items are there?", "SELECT count(*) FROM item", "aggregate"),
-        ("List the names of all items.", "SELECT name FROM item", "filter"),
-        ("Which item costs most?", "SELECT name FROM item ORDER BY price DESC LIMIT 1", "order_limit"),
-        ("Which items cost less than 3?", "SELECT name FROM item WHERE price < 3", "filter"),
-        ("What is the average price?", "SELECT avg(price) FROM item", "aggregate"),
-    ]
-    rows = [
-        {"question": q, "gold_sql": sql, "family": family, "db_id": "shop", "db_path": db_path}
-        for q, sql, family in queries
-    ]
-    if missing_db:
-        rows[2]["db_path"] = f"{db_dir}/gone.sqlite"
-    return DatasetDict(train=Dataset.from_list(rows[:1]), test=Dataset.from_list(rows[1:]))
-
-
-PLUGIN = types.ModuleType("e2e_transfer_env")
-PLUGIN.ParityEnv, PLUGIN.parity_tasks, PLUGIN.other_tasks, PLUGIN.sql_tasks = (
-    ParityEnv, parity_tasks, other_tasks, sql_tasks
-)  # fmt: skip
-sys.modules[PLUGIN.__name__] = PLUGIN
-PARITY = [
-    "env=plugin",
-    "env.name=e2e_transfer_env.ParityEnv",
-    "env.tasks._target_=e2e_transfer_env.parity_tasks",
-    "env.eval_tasks=8",
-    "num_steps=2",
-    "eval_every=1",
-    "sft.steps=1",
-    "sft.batch_size=2",
-]
-TRANSFER = [
-    "+transfer.tasks._target_=e2e_transfer_env.other_tasks",
-    "transfer.eval_tasks=12",  # of 16: a sample, drawn like the held-out set
-    "transfer.eval_seed=3",
-]
 STAGES = [("base", 0), ("sft", 1), ("grpo", 1), ("grpo", 2)]
 
 

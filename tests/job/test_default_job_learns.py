@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from test_train_e2e import REPO, load_train_module
 
 from rl.job.config import register_configs
+from tests.helpers.train_runs import REPO, load_train_module
 
 SHORT = [
     "sft.steps=20",

@@ -1,9 +1,7 @@
-"""Tiny seeded Llama models and a hand-laid rollout batch for the trainer tests."""
+"""The trainer tests' tiny Llama (vocab 97) with a LoRA adapter, and a hand-laid rollout batch."""
 
-import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from rl.algo.batch import collate_rollouts
 
@@ -14,20 +12,6 @@ TRUNCATED = [False, True, False, False, True, False]
 # row 3 is multi-turn: its completion tokens 1 and 2 are an environment observation
 OBSERVATION = {3: (1, 3)}
 ADVANTAGES = [0.5, -1.0, 1.5, 0.25, -0.75, 1.0]
-
-
-def tiny_llama(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return AutoModelForCausalLM.from_config(cfg)
 
 
 def with_lora(model: torch.nn.Module, perturb: bool) -> torch.nn.Module:
@@ -59,18 +43,3 @@ def rollout_batch(advantages=ADVANTAGES, truncated=TRUNCATED):
         pad_token_id=0,
         completion_masks=masks,
     )
-
-
-@pytest.fixture
-def make_llama():
-    return tiny_llama
-
-
-@pytest.fixture
-def make_lora():
-    return with_lora
-
-
-@pytest.fixture
-def make_batch():
-    return rollout_batch

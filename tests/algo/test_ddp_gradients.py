@@ -1,7 +1,6 @@
 """Two DDP ranks holding unequal token counts reproduce the single-process whole-batch gradient: on the CPU
 over gloo, and on two GPUs over NCCL."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,20 +11,9 @@ import torch
 
 from rl.algo.losses import LossConfig
 from rl.algo.trainer import accumulate_gradients
+from tests.helpers import ddp_grad_worker as worker
 
-WORKER = Path(__file__).with_name("ddp_grad_worker.py")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def load_worker():
-    spec = importlib.util.spec_from_file_location("ddp_grad_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(WORKER.parent))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(WORKER.parent))
-    return module
 
 
 # fp32 on the GPUs sums in other orders than the CPU reference
@@ -53,11 +41,14 @@ def test_ddp_matches_single_process(tmp_path, make_llama, make_lora, make_batch,
     env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     done = subprocess.run(
-        [*cmd, str(WORKER), str(tmp_path), device], env=env, capture_output=True, text=True, timeout=300
+        [*cmd, "-m", worker.__name__, str(tmp_path), device],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    worker = load_worker()
     model, batch = make_lora(make_llama(), perturb=True), make_batch()
     # rows 0-2 hold 13 loss tokens, rows 3-5 hold 9: a plain per-rank token mean would be wrong for dapo
     assert batch.loss_mask[:3].sum() != batch.loss_mask[3:].sum()

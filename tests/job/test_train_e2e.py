@@ -1,17 +1,13 @@
 """train.py end to end on a tiny model and a small SQL task set, composed through Hydra's compose API."""
 
-import importlib.util
 import json
 import math
-import sys
 import types
 from collections.abc import Iterable
-from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
-from hydra import compose, initialize_config_dir
 
 from envs import BaseEnv, EnvError, StepResult
 from rl.algo.advantages import compute_advantages
@@ -29,8 +25,9 @@ from rl.job.play import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
+from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS, plugin_module
+from tests.helpers.train_runs import SMALL_SQL, compose_cfg, load_train_module
 
-REPO = Path(__file__).resolve().parents[2]
 # The metrics a training run must log: TRL's names plus the engine's own. "rewards/" stands for one metric per
 # reward component (rewards/<component>); eval/accuracy is logged on evaluation steps only.
 METRIC_NAMES = (
@@ -78,32 +75,6 @@ def missing_metrics(names: Iterable[str]) -> list[str]:
     ]
 
 
-class VowelEnv:
-    """A plugin env whose reward (the share of vowels in the answer) varies even for a random model, so
-    group-relative advantages are nonzero and the adapter must learn."""
-
-    max_turns = 1
-
-    def start(self, task):
-        return VowelEpisode(task)
-
-
-class VowelEpisode:
-    max_turns = 1
-
-    def __init__(self, task):
-        self.messages = [{"role": "user", "content": task["question"]}]
-
-    def step(self, action):
-        share = sum(c in "aeiou" for c in action) / max(len(action), 1)
-        return StepResult(None, share, True, rewards={"vowels": share})
-
-
-def vowel_tasks():
-    rows = [{"question": f"Say something about the number {i}."} for i in range(40)]
-    return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
-
-
 class RightAnswerEnv(BaseEnv):
     """An env whose reward is 0.3 for a right answer, which its `right` component says, and 0.6 for a wrong
     one (a bonus for trying): only its own `is_success` tells them apart. The task row says which an answer
@@ -136,56 +107,13 @@ def right_answer_tasks():
     return DatasetDict(train=Dataset.from_list(train), test=Dataset.from_list(test))
 
 
-PLUGIN = types.ModuleType("e2e_vowel_env")  # importable by dotted path, as a user's plugin package would be
-PLUGIN.VowelEnv, PLUGIN.vowel_tasks = VowelEnv, vowel_tasks
-sys.modules[PLUGIN.__name__] = PLUGIN
-RIGHT_ANSWER = types.ModuleType("e2e_right_answer_env")
-RIGHT_ANSWER.RightAnswerEnv, RIGHT_ANSWER.right_answer_tasks = RightAnswerEnv, right_answer_tasks
-sys.modules[RIGHT_ANSWER.__name__] = RIGHT_ANSWER
-VOWELS = [
-    "env=plugin",
-    "env.name=e2e_vowel_env.VowelEnv",
-    "env.tasks._target_=e2e_vowel_env.vowel_tasks",
-]
-SMALL_SQL = "env.tasks.scale=0.05"
-TINY = [
-    "model=tiny_llama",
-    "model.dtype=float32",  # on every CPU (auto is bf16 where the CPU multiplies it natively)
-    "prompts_per_step=2",
-    "algo.group_size=4",
-    "rollout.max_tokens=10",
-    "rollout.max_completion_tokens=24",
-    "rollout.memory_budget_bytes=1000000000",
-    "env.eval_tasks=4",
-    "eval_every=2",
-    "checkpoint_every=1",
-    "logger.wandb.mode=disabled",
-    "logger.progress=false",
-    "logger.samples_every=1",
-    "trainer.lr=1e-3",
-    "trainer.micro_batch_size=4",
-    "sft.steps=0",  # the tiny runs test GRPO over the plain task stream; the warm start and the
-    "curriculum.enabled=false",  # curriculum have their own tests below
-]
-
-
-def load_train_module():
-    spec = importlib.util.spec_from_file_location("pagedrl_train", REPO / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module while the file executes
-    spec.loader.exec_module(module)
-    return module
+RIGHT_ANSWER = plugin_module("e2e_right_answer_env", RightAnswerEnv, right_answer_tasks)
 
 
 @pytest.fixture(scope="module")
 def train_module():
     register_configs()
     return load_train_module()
-
-
-def compose_cfg(run_dir, *overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("train", overrides=[*TINY, *overrides, f"run_dir={run_dir}"])
 
 
 def run(train_module, run_dir, *overrides):
@@ -448,7 +376,7 @@ def list_tasks():
     return [{"question": "a row"}] * 10
 
 
-PLUGIN.list_tasks = list_tasks
+VOWEL_PLUGIN.list_tasks = list_tasks
 
 
 def test_a_task_source_returning_a_list_is_one_error_naming_it(train_module, tmp_path):

@@ -1,15 +1,9 @@
-"""Puts this folder's helper module (loop_models) on the path, for the tests and their child processes; the
-fixed_cpu_threads fixture."""
-
-import sys
-from pathlib import Path
+"""The fixed_cpu_threads fixture."""
 
 import pytest
 import torch
 
 from host import cpu_threads
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""A tiny seeded Llama with a LoRA adapter, its optimizer and scheduler, and one seeded training step.
+"""The tiny seeded Llama (vocab 100) with a LoRA adapter, its optimizer and scheduler, and one seeded
+training step.
 
 Shared by the checkpoint tests and the child process that is killed in the middle of a save.
 """
@@ -8,30 +9,16 @@ import random
 import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, LlamaConfig
+
+from tests.helpers.tiny_models import tiny_llama
 
 VOCAB = 100
 LORA = dict(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
 
 
-def tiny_llama(base_seed: int = 0, num_layers: int = 2):
-    """A random Llama (hidden 32, 2 layers, vocab 100), the same for a given base_seed."""
-    torch.manual_seed(base_seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return AutoModelForCausalLM.from_config(cfg)
-
-
 def tiny_lora_model(base_seed: int = 0, lora_seed: int = 1, device: str = "cpu"):
-    """LoRA on q_proj/v_proj over tiny_llama(base_seed); the LoRA initialisation follows lora_seed."""
-    base = tiny_llama(base_seed)
+    """LoRA on q_proj/v_proj over tiny_llama(VOCAB, base_seed); the LoRA initialisation follows lora_seed."""
+    base = tiny_llama(VOCAB, base_seed)
     torch.manual_seed(lora_seed)
     model = get_peft_model(base, LoraConfig(**LORA)).to(device)
     model.train()  # LoRA dropout draws from the torch RNG, so a resumed run must restore it

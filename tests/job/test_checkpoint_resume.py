@@ -10,19 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from loop_models import (
-    LORA,
-    lora_state,
-    optimizer_and_scheduler,
-    seed_all,
-    tiny_llama,
-    tiny_lora_model,
-    train_step,
-)
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from rl.job import checkpoint
 from rl.job.checkpoint import RunDirError, check_run_dir, find_latest, load_checkpoint, save_checkpoint
+from tests.helpers.lora_training import (
+    LORA,
+    VOCAB,
+    lora_state,
+    optimizer_and_scheduler,
+    seed_all,
+    tiny_lora_model,
+    train_step,
+)
+from tests.helpers.tiny_models import tiny_llama
 
 CONFIG_YAML = "trainer:\n  lr: 0.01\nalgo:\n  group_size: 4\n"
 REPO = Path(__file__).resolve().parents[2]
@@ -107,7 +108,7 @@ def test_three_steps_save_load_one_step_equals_four_uninterrupted_steps(tmp_path
 def test_adapter_loads_with_plain_peft(tmp_path):
     model, optimizer, scheduler, _ = trained(2)
     path = save_checkpoint(tmp_path, 2, model, optimizer, scheduler)
-    plain = PeftModel.from_pretrained(tiny_llama(), path / "adapter")
+    plain = PeftModel.from_pretrained(tiny_llama(VOCAB), path / "adapter")
     plain.eval()
     model.eval()
     input_ids = torch.arange(10).view(1, 10)
@@ -121,7 +122,9 @@ def test_adapter_loads_with_plain_peft(tmp_path):
 KILLED_SAVE = """
 import io, os, sys, time
 import torch
-from loop_models import LORA, lora_state, optimizer_and_scheduler, seed_all, tiny_lora_model, train_step
+from tests.helpers.lora_training import (
+    LORA, lora_state, optimizer_and_scheduler, seed_all, tiny_lora_model, train_step
+)
 from rl.job.checkpoint import save_checkpoint
 
 run_dir = sys.argv[1]
@@ -151,7 +154,7 @@ save_checkpoint(run_dir, 2, model, optimizer, scheduler, {"index": 2})
 
 @pytest.mark.timeout(180)
 def test_kill_9_in_the_middle_of_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO)])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen(
         [sys.executable, "-c", KILLED_SAVE, str(tmp_path)],
         stdout=subprocess.PIPE,
@@ -227,13 +230,13 @@ def test_bad_input_gets_a_clear_error_and_leaves_state_intact(tmp_path):
         load_checkpoint(tmp_path / "nowhere", model)
 
     torch.manual_seed(5)
-    other = get_peft_model(tiny_llama(), LoraConfig(r=8, target_modules=["q_proj"]))
+    other = get_peft_model(tiny_llama(VOCAB), LoraConfig(r=8, target_modules=["q_proj"]))
     before = lora_state(other)
     with pytest.raises(ValueError, match="r: saved 4 vs model 8"):
         load_checkpoint(path, other, restore_rng=False)
     assert_same_weights(before, other)
 
-    deeper = get_peft_model(tiny_llama(num_layers=3), LoraConfig(**LORA))
+    deeper = get_peft_model(tiny_llama(VOCAB, num_hidden_layers=3), LoraConfig(**LORA))
     deeper_optimizer, deeper_scheduler = optimizer_and_scheduler(deeper)
     before = lora_state(deeper)
     with pytest.raises(ValueError, match="does not match the model's LoRA layers.*layers.2"):

@@ -33,19 +33,12 @@ class BufferEngine:
 
 
 def tiny_llama(seed: int = 0):
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from tests.helpers.tiny_models import tiny_config, tiny_model
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=112,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+    config = tiny_config(
+        "llama", vocab_size=96, hidden_size=64, intermediate_size=112, max_position_embeddings=64
     )
-    return AutoModelForCausalLM.from_config(config).eval()
+    return tiny_model(config, seed).eval()
 
 
 def token_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:

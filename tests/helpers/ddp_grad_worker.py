@@ -1,14 +1,15 @@
 """Run by test_ddp_gradients.py under torch.distributed.run: 2 ranks, rows 0-2 and 3-5, on the CPU (gloo) or
-each on its own GPU (NCCL), as `python ddp_grad_worker.py OUT_DIR [cpu|cuda]`."""
+each on its own GPU (NCCL), as `python -m tests.helpers.ddp_grad_worker OUT_DIR [cpu|cuda]`."""
 
 import sys
 
 import torch
-from conftest import rollout_batch, tiny_llama, with_lora
 
 from rl.algo.losses import LossConfig
 from rl.algo.trainer import accumulate_gradients, batch_logprobs
 from rl.job.distributed import close_distributed, init_distributed, wrap_model
+from tests.helpers.tiny_models import tiny_llama
+from tests.helpers.trainer_batch import VOCAB, rollout_batch, with_lora
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
 
@@ -24,7 +25,7 @@ def main(out_dir: str, device: str) -> None:
     torch.set_num_threads(1)
     info = init_distributed(device)
     rank = info.rank
-    model = with_lora(tiny_llama(), perturb=True).to(info.device)
+    model = with_lora(tiny_llama(VOCAB), perturb=True).to(info.device)
     batch = rollout_batch()
     old = stale_old_logprobs(model, batch)
     shard = batch.rows(3 * rank, 3 * rank + 3)

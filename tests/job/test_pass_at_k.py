@@ -7,8 +7,6 @@ import math
 
 import pytest
 import torch
-from test_train_e2e import compose_cfg
-from test_transfer_eval import PARITY, TRANSFER
 
 from host import cpu_threads
 from rl.job import modes
@@ -20,6 +18,8 @@ from rl.job.outcomes import read_outcomes
 from rl.job.pass_at_k import TaskSamples, ks_up_to, pass_at_k, score_pass_at_k
 from rl.settings import ConfigError
 from rollout_engine import LLMEngine
+from tests.helpers.plugin_envs import PARITY, TRANSFER
+from tests.helpers.train_runs import compose_cfg
 
 
 def test_pass_at_k_matches_hand_worked_values():

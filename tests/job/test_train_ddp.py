@@ -1,7 +1,8 @@
-"""Two-process data parallel on gloo: torchrun runs this file as each rank's script (see `rank_main`).
+"""Two-process data parallel on gloo: torchrun runs this module as each rank's script (see `rank_main`).
 
-Each rank trains the tiny model on the vowel plugin env of test_train_e2e for two steps, then records what it
-saw and ended with; the test compares the two ranks with each other and with independent references.
+Each rank trains the tiny model on the vowel plugin env (tests/helpers/plugin_envs.py) for two steps, then
+records what it saw and ended with; the test compares the two ranks with each other and with independent
+references.
 """
 
 import json
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_e2e import VOWELS, compose_cfg, load_train_module, vowel_tasks
 
 from rl.job import grpo_step as grpo_step_module
 from rl.job import stages
@@ -34,6 +34,8 @@ from rl.job.model_loading import load_model
 from rl.job.outcomes import read_outcomes
 from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import SamplingParams
+from tests.helpers.plugin_envs import VOWELS, vowel_tasks
+from tests.helpers.train_runs import compose_cfg, load_train_module
 
 NUM_STEPS, PROMPTS_PER_RANK, WORLD_SIZE = 2, 2, 2
 DDP = [
@@ -111,7 +113,7 @@ def torchrun(run_dir: Path, *overrides: str) -> list[dict]:
     """Run `rank_main` on WORLD_SIZE gloo ranks; returns what each rank saved."""
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD_SIZE}",
-        "--master-addr=127.0.0.1", f"--master-port={_free_port()}", __file__, str(run_dir), *overrides,
+        "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", __name__, str(run_dir), *overrides,
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
