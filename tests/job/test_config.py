@@ -47,7 +47,7 @@ def option_overrides(compose_train, group, option):
 
 
 def test_long_preset_overrides_the_default_job(compose_train):
-    assert EXPERIMENTS == ["sql_long"]
+    assert EXPERIMENTS == ["spider", "sql_long"]
     default = compose_train(["run_dir=/tmp/run"])
     long = compose_train(["+experiment=sql_long", "run_dir=/tmp/run"])
     assert (default.num_steps, long.num_steps) == (40, 120)
@@ -57,6 +57,24 @@ def test_long_preset_overrides_the_default_job(compose_train):
     # everything it does not set stays as in the default job
     assert long.model == default.model and long.rollout == default.rollout
     assert long.sft == default.sft and long.curriculum == default.curriculum
+
+
+def test_the_spider_experiment_trains_on_real_questions_with_a_longer_warm_start(compose_train):
+    default = compose_train(["run_dir=/tmp/run"])
+    spider = compose_train(["+experiment=spider", "env.tasks.root=/data/spider", "run_dir=/tmp/run"])
+    assert dict(spider.env.tasks) == {
+        "_target_": "envs.sql.loaders.spider_tasks",
+        "root": "/data/spider",
+        "test_fraction": 0.1,
+        "split_seed": 0,
+    }
+    assert (spider.sft.steps, spider.num_steps, spider.eval_every) == (100, 20, 0)
+    assert (spider.rollout.max_tokens, spider.env.eval_tasks) == (128, 400)
+    # the SQL recipe's other choices stay
+    assert spider.curriculum == default.curriculum and spider.trainer.lr == 5.0e-5
+    assert spider.rollout.temperature == 0.8 and spider.env.args == default.env.args
+    unset = compose_train(["+experiment=spider", "run_dir=/tmp/run"])
+    assert OmegaConf.missing_keys(unset) == {"env.tasks.root"}  # the user's Spider folder is required
 
 
 # The SQL recipe as it stood in conf/train.yaml, where it applied to every env: the default job keeps it
