@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from json_line import emit
 from paged_attention import timed  # noqa: E402
 
-from kernels import use_backend  # noqa: E402
-from kernels.lora import lora_expand, lora_shrink  # noqa: E402
+from pagedrl_kernels import use_backend  # noqa: E402
+from pagedrl_kernels.lora import lora_expand, lora_shrink  # noqa: E402
 
 # (hidden, intermediate, attention width, key/value width) of the two models.
 MODELS = {"smollm2_135m": (576, 1536, 576, 192), "qwen3_1.7b": (2048, 6144, 2048, 1024)}

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from json_line import emit
 
-from kernels import use_backend  # noqa: E402
-from kernels.paged_attention import paged_attention_decode  # noqa: E402
+from pagedrl_kernels import use_backend  # noqa: E402
+from pagedrl_kernels.paged_attention import paged_attention_decode  # noqa: E402
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ process CPU time (robust to a busy machine at --threads 1).
 
 --dtype is model.dtype (auto: bf16 on CUDA and on a CPU with avx512_bf16 or amx_bf16, fp32 elsewhere); the
 engine and transformers run in it. --bf16-gemm picks the product of the engine's bf16 CPU projections
-(kernels/cpu_gemm.py).
+(pagedrl_kernels/cpu_gemm.py).
 
 With --random-weights the model is a seeded random SmolLM2-shaped Llama and the prompts are random token ids
 of the chat prompts' lengths; no EOS exists, so both sides generate exactly max_tokens per sample (the same
@@ -47,7 +47,7 @@ from matmul_floor import matmul_floor_s, step_shapes
 from neighbour import busy_neighbour
 from transformers import AutoModelForCausalLM
 
-from kernels.cpu_gemm import BF16_GEMMS, set_bf16_gemm
+from pagedrl_kernels.cpu_gemm import BF16_GEMMS, set_bf16_gemm
 from rl.job.model_loading import DTYPES, load_model, resolve_device, resolve_dtype
 from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import LLMEngine, SamplingParams

@@ -37,7 +37,7 @@ from matmul_floor import matmul_floor_s, step_shapes
 from peer_process import run_peer
 from rollout import add_workload_arguments, chat_prompts, run_engine
 
-from kernels.cpu_gemm import set_bf16_gemm
+from pagedrl_kernels.cpu_gemm import set_bf16_gemm
 from rl.job.model_loading import load_model, smollm2_checkpoint_dir
 from rollout_engine import LLMEngine
 

@@ -1,10 +1,10 @@
 """Sizing torch's CPU thread pool to the cores that other processes leave free.
 
-torch's intra-op pool (OpenMP, which MKL and the C kernels of kernels/cpu/ share) splits each op statically
-over its threads and waits at a barrier for all of them. When another process shares a core with one of
-those threads, every barrier waits for that thread's next time slice, which is milliseconds, while a decode
-step's ops last tens of microseconds. On 2 cores with one busy neighbour, a 2-thread decode step runs 3.5x
-slower than on a quiet machine, whereas 1 thread on the free core runs 1.7x slower.
+torch's intra-op pool (OpenMP, which MKL and the C kernels of pagedrl_kernels/cpu/ share) splits each op
+statically over its threads and waits at a barrier for all of them. When another process shares a core with
+one of those threads, every barrier waits for that thread's next time slice, which is milliseconds, while a
+decode step's ops last tens of microseconds. On 2 cores with one busy neighbour, a 2-thread decode step runs
+3.5x slower than on a quiet machine, whereas 1 thread on the free core runs 1.7x slower.
 
 `adapt_cpu_threads()`, called once per engine step and per training micro-batch, samples the machine's CPU
 time at most every `interval_s` and sets `torch.set_num_threads` to the cores not busy with other

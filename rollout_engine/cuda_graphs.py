@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.backend import get_backend
+from pagedrl_kernels.backend import get_backend
 from rollout_engine.kv_pool import allocate_kv_pool
 from rollout_engine.lora import LoraTokens
 from rollout_engine.models import AttentionMetadata, PagedDecoder, StepInputs

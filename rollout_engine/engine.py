@@ -15,8 +15,8 @@ from torch import nn
 from tqdm import tqdm
 
 from host.cpu_threads import adapt_cpu_threads
-from kernels.backend import HAS_TRITON
-from kernels.cpu_gemm import packed_weight_bytes
+from pagedrl_kernels.backend import HAS_TRITON
+from pagedrl_kernels.cpu_gemm import packed_weight_bytes
 from rollout_engine.block_manager import BlockManager
 from rollout_engine.kv_pool import commits_on_write
 from rollout_engine.lora import LoraAdapter
@@ -398,7 +398,8 @@ class LLMEngine:
         free blocks' pages back at each prefix-cache reset), and the CUDA graphs: captured batch sizes,
         their measured memory (and the amount reserved for them when the pool was sized), how many
         steps replayed one, and the bytes of CPU weights packed for MKL in this process (all engines'
-        together: see kernels/cpu_gemm.py) beside what this engine's budget reserved for its own packs."""
+        together: see pagedrl_kernels/cpu_gemm.py) beside what this engine's budget reserved for its own
+        packs."""
         bm = self.block_manager
         graphs = self.runner.graphs
         return {

@@ -11,7 +11,7 @@ tokens, runs the base product plus the delta.
 
 Projections that read the same input (q/k/v, gate/up) and share a rank and scale form a LoraGroup: their A
 buffers are rows of one stacked tensor, so a single shrink serves them all. On the CPU the kernels read
-transposed copies of the buffers (kernels.lora.StackedLora), re-derived whenever a version is adopted.
+transposed copies of the buffers (pagedrl_kernels.lora.StackedLora), re-derived whenever a version is adopted.
 
 Names follow the weight-sync contract (sync_contract.py): the HF module path of the base Linear plus `.lora_A`
 / `.lora_B`, e.g. `model.layers.0.self_attn.q_proj.lora_A`.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.lora import StackedLora, lora_shrink_expand
+from pagedrl_kernels.lora import StackedLora, lora_shrink_expand
 from rollout_engine.sync_contract import active_adapter, lora_layers
 
 

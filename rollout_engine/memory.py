@@ -1,10 +1,10 @@
 """Sizing the KV pool from the memory fraction.
 
 The engine's own memory (KV pool, the activations of one max-size step, on CUDA the decode graphs, and on
-the CPU its one packed copy of each fp32 or bf16 projection and the LM head, kernels/cpu_gemm.py) stays under
-memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU). The model
-weights are shared with the trainer and are not counted. On CUDA the activations are measured with a dummy
-step (profiling.py) and the graphs by a trial capture (cuda_graphs.py) before the pool is sized; on CPU
+the CPU its one packed copy of each fp32 or bf16 projection and the LM head, pagedrl_kernels/cpu_gemm.py)
+stays under memory_fraction x (total device memory on CUDA; memory_budget_bytes, or system RAM, on CPU). The
+model weights are shared with the trainer and are not counted. On CUDA the activations are measured with a
+dummy step (profiling.py) and the graphs by a trial capture (cuda_graphs.py) before the pool is sized; on CPU
 `activation_bytes` estimates the activations, and the packs are the weights' size again (what
 engine.stats()['packed_weight_bytes'] reports once they are made).
 """
@@ -16,7 +16,7 @@ import os
 import torch
 from transformers import PretrainedConfig
 
-from kernels.cpu_gemm import pack_bytes
+from pagedrl_kernels.cpu_gemm import pack_bytes
 from rollout_engine.block_manager import ceil_div
 from rollout_engine.cuda_graphs import measure_graph_bytes
 from rollout_engine.models import PagedDecoder

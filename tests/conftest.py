@@ -20,13 +20,13 @@ if not torch.cuda.is_available():
     # Triton decides at decoration time whether to interpret: set it before any kernel module is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import kernels.backend  # noqa: E402
+import pagedrl_kernels.backend  # noqa: E402
 
-if kernels.backend.HAS_TRITON:
+if pagedrl_kernels.backend.HAS_TRITON:
     import triton.language.standard
     from triton.runtime.interpreter import InterpretedFunction
 
-INTERPRETER_READY = kernels.backend.INTERPRETED and isinstance(
+INTERPRETER_READY = pagedrl_kernels.backend.INTERPRETED and isinstance(
     triton.language.standard.sum, InterpretedFunction
 )
 
@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def triton_installed() -> None:
     """Tests that force the Triton backend skip where triton is not installed."""
-    if not kernels.backend.HAS_TRITON:
+    if not pagedrl_kernels.backend.HAS_TRITON:
         pytest.skip("triton is not installed (pyproject installs it on Linux x86_64 only)")
 
 

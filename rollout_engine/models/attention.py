@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.paged_attention import paged_attention_decode, paged_attention_prefill
-from kernels.reshape_and_cache import reshape_and_cache
+from pagedrl_kernels.paged_attention import paged_attention_decode, paged_attention_prefill
+from pagedrl_kernels.reshape_and_cache import reshape_and_cache
 
 
 @dataclass(slots=True)
@@ -16,7 +16,7 @@ class AttentionMetadata:
 
     Tokens [0, num_prefill_tokens) belong to chunks of more than one query (prefill / extend); the
     remaining tokens are one query per sequence (decode), sorted by context length. Which kernel attends is
-    chosen in kernels.paged_attention.
+    chosen in pagedrl_kernels.paged_attention.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64

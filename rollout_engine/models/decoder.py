@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.activation import silu_and_mul
-from kernels.rms_norm import rms_norm
-from kernels.rotary_embedding import rotary_embedding
+from pagedrl_kernels.activation import silu_and_mul
+from pagedrl_kernels.rms_norm import rms_norm
+from pagedrl_kernels.rotary_embedding import rotary_embedding
 from rollout_engine.lora import LoraAdapter, LoraTokens
 from rollout_engine.models.attention import AttentionMetadata, paged_attention
 from rollout_engine.models.linear import base_linear, linear, linears

@@ -2,9 +2,9 @@
 
 The base product reads the HF layer's own parameters at call time. On the CPU, the projections that read
 one input (q/k/v, gate/up, and each of o, down and the LM head alone) multiply as one product, through one
-packed copy of their stacked weights (kernels/cpu_gemm.py: MKL-packed for fp32, a bf16 copy for bf16; about
-the weights' size in all, 540 MB for SmolLM2-135M in fp32), re-packed at the next call after a parameter is
-updated in place or replaced. One product of
+packed copy of their stacked weights (pagedrl_kernels/cpu_gemm.py: MKL-packed for fp32, a bf16 copy for bf16;
+about the weights' size in all, 540 MB for SmolLM2-135M in fp32), re-packed at the next call after a parameter
+is updated in place or replaced. One product of
 the stack runs 3-9% faster than one per projection at 64-128 rows (bench/RESULTS.md). A step whose tokens all
 use the LoRA adapter multiplies through a pack of the merged weights instead (rollout_engine/lora.py).
 """
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu_gemm import PackPart, packed_stacked_linear
+from pagedrl_kernels.cpu_gemm import PackPart, packed_stacked_linear
 from rollout_engine.lora import LoraGroup, LoraTokens, add_lora_delta
 
 

@@ -38,7 +38,7 @@ def kernel_backend(request) -> str:
     if request.param == "triton":
         request.getfixturevalue("interpreter")
     if request.param == "auto" and not torch.cuda.is_available():
-        from kernels.cpu_library import load_library
+        from pagedrl_kernels.cpu_library import load_library
 
         assert load_library("layer_ops") is not None, "the C kernels did not build (see the warning)"
     return request.param

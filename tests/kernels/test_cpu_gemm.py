@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_gemm, use_backend
-from kernels.cpu_gemm import (
+from pagedrl_kernels import cpu_gemm, use_backend
+from pagedrl_kernels.cpu_gemm import (
     HAS_MKL_PACKING,
     MIN_PACKED_ROWS,
     PackPart,

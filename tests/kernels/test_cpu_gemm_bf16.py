@@ -1,5 +1,5 @@
-"""bf16 projections through the packs of kernels/cpu_gemm.py: one bf16 copy of a stack of weights (each plus
-its low-rank update, added in fp32 and rounded once), multiplied by F.linear ("torch") or by MKL's
+"""bf16 projections through the packs of pagedrl_kernels/cpu_gemm.py: one bf16 copy of a stack of weights
+(each plus its low-rank update, added in fp32 and rounded once), multiplied by F.linear ("torch") or by MKL's
 cblas_gemm_bf16bf16f32 ("mkl"), against the fp32 product of the same bf16 values rounded once to bf16."""
 
 import os
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_gemm, use_backend
-from kernels.cpu_gemm import (
+from pagedrl_kernels import cpu_gemm, use_backend
+from pagedrl_kernels.cpu_gemm import (
     BF16_GEMMS,
     MIN_PACKED_ROWS,
     PackPart,
@@ -139,7 +139,7 @@ def test_the_bf16_product_is_chosen_by_name_or_environment():
     ):
         set_bf16_gemm("onednn")
     env = dict(os.environ, PAGEDRL_BF16_GEMM="mkl")
-    code = "from kernels.cpu_gemm import get_bf16_gemm; print(get_bf16_gemm())"
+    code = "from pagedrl_kernels.cpu_gemm import get_bf16_gemm; print(get_bf16_gemm())"
     ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert ran.stdout.strip() == "mkl"
     env["PAGEDRL_BF16_GEMM"] = "blas"

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.profiler import profile
 
-from kernels import cpu_library
-from kernels.cpu_library import SOURCE_DIR, load_library
-from kernels.rms_norm import rms_norm
+from pagedrl_kernels import cpu_library
+from pagedrl_kernels.cpu_library import SOURCE_DIR, load_library
+from pagedrl_kernels.rms_norm import rms_norm
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def _avx512() -> bool:
 
 
 def _built_vector_width(tmp_path: Path, flags: list[str]) -> int:
-    """VLEN as kernels/cpu/vector.h sets it for a -march=native build with these extra flags."""
+    """VLEN as pagedrl_kernels/cpu/vector.h sets it for a -march=native build with these extra flags."""
     source = tmp_path / "width.c"
     source.write_text('#include <stdio.h>\n#include "vector.h"\nint main(void) { printf("%d", VLEN); }\n')
     binary = tmp_path / "width"

@@ -1,19 +1,19 @@
-"""The bf16 builds of the C layer ops (kernels/cpu/layer_ops.c) against the PyTorch references in bf16: the
-same fp32 arithmetic, rounded to bf16 where the reference rounds. The sums and copies come out bit for bit; a
-value computed through exp, sqrt or a sum of products may round to the neighbouring bf16 (2^-7 of the value
-at most) where the two fp32 results differ in their last bits. Outputs start as NaN, so unwritten ones
-show."""
+"""The bf16 builds of the C layer ops (pagedrl_kernels/cpu/layer_ops.c) against the PyTorch references in
+bf16: the same fp32 arithmetic, rounded to bf16 where the reference rounds. The sums and copies come out bit
+for bit; a value computed through exp, sqrt or a sum of products may round to the neighbouring bf16 (2^-7 of
+the value at most) where the two fp32 results differ in their last bits. Outputs start as NaN, so unwritten
+ones show."""
 
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from kernels import use_backend
-from kernels.activation import silu_and_mul
-from kernels.cpu_library import load_library
-from kernels.reshape_and_cache import reshape_and_cache
-from kernels.rms_norm import rms_norm
-from kernels.rotary_embedding import rotary_embedding
+from pagedrl_kernels import use_backend
+from pagedrl_kernels.activation import silu_and_mul
+from pagedrl_kernels.cpu_library import load_library
+from pagedrl_kernels.reshape_and_cache import reshape_and_cache
+from pagedrl_kernels.rms_norm import rms_norm
+from pagedrl_kernels.rotary_embedding import rotary_embedding
 
 
 @pytest.fixture(autouse=True)

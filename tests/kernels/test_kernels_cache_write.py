@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels import use_backend
-from kernels.reshape_and_cache import reshape_and_cache
+from pagedrl_kernels import use_backend
+from pagedrl_kernels.reshape_and_cache import reshape_and_cache
 
 
 def make_case(block_size, num_kv_heads, head_dim, gen, dtype=torch.float32):

@@ -42,7 +42,7 @@ def kernel_specs(dtype: str, head_dim: int, group: int) -> list:
     """(name, kernel, pointer types, constexprs, launch options) as the launchers would pass them."""
     import torch
 
-    from kernels import (
+    from pagedrl_kernels import (
         activation,
         lora_triton,
         paged_decode,

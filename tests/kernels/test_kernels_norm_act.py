@@ -5,9 +5,9 @@ import torch
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from kernels import use_backend
-from kernels.activation import silu_and_mul
-from kernels.rms_norm import rms_norm
+from pagedrl_kernels import use_backend
+from pagedrl_kernels.activation import silu_and_mul
+from pagedrl_kernels.rms_norm import rms_norm
 
 
 def hf_norm(hidden, weight, eps):

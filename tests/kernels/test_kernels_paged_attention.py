@@ -8,14 +8,14 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from kernels import use_backend
-from kernels.paged_attention import (
+from pagedrl_kernels import use_backend
+from pagedrl_kernels.paged_attention import (
     paged_attention_decode,
     paged_attention_decode_cpu,
     paged_attention_decode_triton,
     paged_attention_prefill,
 )
-from kernels.paged_decode_cpu import cpu_decode_supported
+from pagedrl_kernels.paged_decode_cpu import cpu_decode_supported
 
 NUM_KV_HEADS = 2
 SHAPES = [(bs, dim, group) for bs in (16, 32) for dim in (64, 128) for group in (1, 3, 4)]

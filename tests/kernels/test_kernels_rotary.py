@@ -5,8 +5,8 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from kernels import use_backend
-from kernels.rotary_embedding import rotary_embedding
+from pagedrl_kernels import use_backend
+from pagedrl_kernels.rotary_embedding import rotary_embedding
 
 MAX_POSITIONS = 300
 

@@ -8,10 +8,10 @@ import gc
 import pytest
 import torch
 
-import kernels.lora
-from kernels import use_backend
-from kernels.cpu_gemm import HAS_MKL_PACKING, PackPart, packed_stacked_linear, packed_weight_bytes
-from kernels.lora import StackedLora, lora_expand, lora_shrink, lora_shrink_expand
+import pagedrl_kernels.lora
+from pagedrl_kernels import use_backend
+from pagedrl_kernels.cpu_gemm import HAS_MKL_PACKING, PackPart, packed_stacked_linear, packed_weight_bytes
+from pagedrl_kernels.lora import StackedLora, lora_expand, lora_shrink, lora_shrink_expand
 from rollout_engine import SamplingParams
 from tests.helpers.rollout_tiny_models import make_engine, peft_model, random_prompts
 
@@ -130,8 +130,8 @@ def test_a_bf16_output_takes_the_fp32_adapters_delta_with_one_rounding(backend, 
 
 def test_auto_runs_cpu_tensors_on_the_transposed_copies(gen, monkeypatch):
     """On the CPU, "auto" multiplies a_t and b_t (scale folded in), not the reference or Triton."""
-    monkeypatch.setattr(kernels.lora, "lora_shrink_expand_torch", None)  # calling either would raise
-    monkeypatch.setattr(kernels.lora, "lora_shrink_expand_triton", None)
+    monkeypatch.setattr(pagedrl_kernels.lora, "lora_shrink_expand_torch", None)  # calling either would raise
+    monkeypatch.setattr(pagedrl_kernels.lora, "lora_shrink_expand_triton", None)
     x, a_list, b_list = stacked_inputs(5, 64, (48, 32), 8, gen)
     weights = StackedLora(torch.cat(a_list), tuple(b_list), SCALE)
     assert torch.equal(weights.a_t, weights.a.T) and torch.equal(weights.b_t[1], b_list[1].T * SCALE)
@@ -213,8 +213,8 @@ def test_bad_shrink_expand_inputs_are_refused_and_every_y_is_left_intact(backend
 def test_shrink_kernel_matches_reference(num_tokens, in_features, rank, gen, interpreter, poison_allocations):
     # rank 80 spans two rank tiles of the kernel
     x, a, _ = lora_inputs(num_tokens, in_features, 1, rank, gen)
-    got = kernels.lora.lora_shrink_triton(x, a, SCALE)
-    torch.testing.assert_close(got, kernels.lora.lora_shrink_torch(x, a, SCALE), atol=1e-5, rtol=1e-5)
+    got = pagedrl_kernels.lora.lora_shrink_triton(x, a, SCALE)
+    torch.testing.assert_close(got, pagedrl_kernels.lora.lora_shrink_torch(x, a, SCALE), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -225,7 +225,7 @@ def test_shrink_split_over_input_features_equals_formula(
 ):
     # 576 features are 9 tiles of 64: 2 splits of 5 + 4 tiles, 4 splits of 3 + 3 + 3 (the fourth is dropped)
     x, a, _ = lora_inputs(num_tokens, in_features, 1, 12, gen)
-    got = kernels.lora.lora_shrink_triton(x, a, SCALE, num_splits=num_splits)
+    got = pagedrl_kernels.lora.lora_shrink_triton(x, a, SCALE, num_splits=num_splits)
     torch.testing.assert_close(got.double(), x.double() @ a.double().T * SCALE, atol=1e-5, rtol=1e-5)
 
 
@@ -236,8 +236,10 @@ def test_expand_kernel_matches_reference(num_tokens, out_features, rank, masked,
     b = torch.randn(out_features, rank, generator=gen) / rank**0.5
     mask = mixed_mask(num_tokens, gen) if masked else None
     y = torch.randn(num_tokens, out_features, generator=gen)
-    want = kernels.lora.lora_expand_torch(h, b, y.clone(), mask)
-    torch.testing.assert_close(kernels.lora.lora_expand_triton(h, b, y, mask), want, atol=1e-5, rtol=1e-5)
+    want = pagedrl_kernels.lora.lora_expand_torch(h, b, y.clone(), mask)
+    torch.testing.assert_close(
+        pagedrl_kernels.lora.lora_expand_triton(h, b, y, mask), want, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_strided_input_rows_and_empty_batch(gen, interpreter, poison_allocations):
@@ -267,8 +269,8 @@ def test_fp16_accumulates_in_fp32(gen, interpreter):
 
 
 def test_auto_dispatches_cpu_tensors_to_the_reference(gen, monkeypatch):
-    monkeypatch.setattr(kernels.lora, "lora_shrink_triton", None)  # calling it would raise
-    monkeypatch.setattr(kernels.lora, "lora_expand_triton", None)
+    monkeypatch.setattr(pagedrl_kernels.lora, "lora_shrink_triton", None)  # calling it would raise
+    monkeypatch.setattr(pagedrl_kernels.lora, "lora_expand_triton", None)
     x, a, b = lora_inputs(3, 64, 64, 8, gen)
     y = lora_expand(lora_shrink(x, a, SCALE), b, torch.zeros(3, 64))
     torch.testing.assert_close(y.double(), formula(x, a, b, SCALE, None), atol=1e-5, rtol=1e-5)
@@ -299,8 +301,10 @@ def test_bad_inputs_are_refused_and_y_is_left_intact(backend, gen, request):
 def test_engine_greedy_tokens_with_triton_lora_equal_the_reference_path(interpreter, monkeypatch):
     """Tiny Llama with a random (non-zero B) adapter; one base-model request makes the step mix masks."""
     launches = []
-    expand = kernels.lora.lora_expand_triton
-    monkeypatch.setattr(kernels.lora, "lora_expand_triton", lambda *args: launches.append(1) or expand(*args))
+    expand = pagedrl_kernels.lora.lora_expand_triton
+    monkeypatch.setattr(
+        pagedrl_kernels.lora, "lora_expand_triton", lambda *args: launches.append(1) or expand(*args)
+    )
     model = peft_model("llama", "all")
     prompts = random_prompts([5, 9, 3], seed=3)
     params = [

@@ -1,5 +1,5 @@
-"""The C sampling kernel (kernels/sampling.py) against float64 CDFs computed here with torch: each token
-lies in the CDF interval holding its uniform and has nonzero probability, its logprob is log_softmax's,
+"""The C sampling kernel (pagedrl_kernels/sampling.py) against float64 CDFs computed here with torch: each
+token lies in the CDF interval holding its uniform and has nonzero probability, its logprob is log_softmax's,
 greedy rows take torch.argmax, and uniforms next to 1 stay inside the vocabulary; against the PyTorch path
 of sample on a full-size batch; and the dispatch of sample between the two."""
 
@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from kernels import use_backend
-from kernels.cpu_library import load_library
-from kernels.sampling import cpu_sampling_supported, sample_rows_cpu
+from pagedrl_kernels import use_backend
+from pagedrl_kernels.cpu_library import load_library
+from pagedrl_kernels.sampling import cpu_sampling_supported, sample_rows_cpu
 from rollout_engine import sampler
 from rollout_engine.sampler import SamplingBatch, sample
 

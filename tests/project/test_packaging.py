@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rl", "rollout_engine", "kernels", "envs", "serve", "host")
+PACKAGES = ("rl", "rollout_engine", "pagedrl_kernels", "envs", "serve", "host")
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -18,7 +18,8 @@ def test_top_level_package_comes_from_this_repo(name):
 
 @pytest.mark.parametrize("name", PACKAGES)
 def test_no_other_installed_distribution_claims_the_name(name):
-    # A PyPI package called `kernels` exists; if one were installed it would fight ours for the import.
+    # A name another installed distribution claims fights ours for the import: Hugging Face's `kernels`, which
+    # transformers 5.25 installs and imports, is why the kernels' package is `pagedrl_kernels`.
     owners = set(importlib.metadata.packages_distributions().get(name, []))
     assert owners == {"pagedrl"}
 

@@ -1,11 +1,12 @@
 """The whole engine through the Triton kernels, on CPU tensors under the Triton interpreter: the kernels the
 GPU runs, driven by the engine as the GPU drives them, against transformers.
 
-`kernels.use_backend("triton")` sends every dispatcher to its Triton launcher and turns the CPU-only paths off
-(the MKL-packed projections, the C kernels, the merged LoRA pack, the C sampler), so what is left is the CUDA
-path: F.linear, the Triton kernels and the torch sampler. The tests' root conftest sets TRITON_INTERPRET=1
-before triton is imported; the `interpreter` fixture skips, naming the fix, where that could not happen.
-Each test also counts the launches, so a dispatcher that quietly fell back to a reference fails it.
+`pagedrl_kernels.use_backend("triton")` sends every dispatcher to its Triton launcher and turns the CPU-only
+paths off (the MKL-packed projections, the C kernels, the merged LoRA pack, the C sampler), so what is left is
+the CUDA path: F.linear, the Triton kernels and the torch sampler. The tests' root conftest sets
+TRITON_INTERPRET=1 before triton is imported; the `interpreter` fixture skips, naming the fix, where that
+could not happen. Each test also counts the launches, so a dispatcher that quietly fell back to a reference
+fails it.
 
 Logprobs against transformers' log_softmax, largest differences measured over this module: 1.2e-5 in fp32
 (with the LoRA adapter; 3.0e-6 without), LOGPROB_ATOL 1e-4; 4.1e-3 in fp16 (against transformers in fp16),
@@ -21,14 +22,14 @@ from collections import Counter
 import pytest
 import torch
 
-import kernels.activation
-import kernels.lora
-import kernels.paged_attention
-import kernels.reshape_and_cache
-import kernels.rms_norm
-import kernels.rotary_embedding
+import pagedrl_kernels.activation
+import pagedrl_kernels.lora
+import pagedrl_kernels.paged_attention
+import pagedrl_kernels.reshape_and_cache
+import pagedrl_kernels.rms_norm
+import pagedrl_kernels.rotary_embedding
 import rollout_engine.sampler
-from kernels import use_backend
+from pagedrl_kernels import use_backend
 from rollout_engine import SamplingParams
 from rollout_engine.memory import activation_bytes, kv_bytes_per_block
 from tests.helpers.cuda_graph_cases import install_eager_replays
@@ -47,22 +48,26 @@ FP16_LOGPROB_ATOL = 2e-2
 # Every dispatch target of the engine's kernels, by module: what the "triton" backend must launch, and the
 # reference and C paths it must not.
 DISPATCH_TARGETS = {
-    kernels.rms_norm: ("rms_norm_triton", "rms_norm_cpu", "rms_norm_torch"),
-    kernels.activation: ("silu_and_mul_triton", "silu_and_mul_cpu", "silu_and_mul_torch"),
-    kernels.rotary_embedding: ("rotary_embedding_triton", "rotary_embedding_cpu", "rotary_embedding_torch"),
-    kernels.reshape_and_cache: (
+    pagedrl_kernels.rms_norm: ("rms_norm_triton", "rms_norm_cpu", "rms_norm_torch"),
+    pagedrl_kernels.activation: ("silu_and_mul_triton", "silu_and_mul_cpu", "silu_and_mul_torch"),
+    pagedrl_kernels.rotary_embedding: (
+        "rotary_embedding_triton",
+        "rotary_embedding_cpu",
+        "rotary_embedding_torch",
+    ),
+    pagedrl_kernels.reshape_and_cache: (
         "reshape_and_cache_triton",
         "reshape_and_cache_cpu",
         "reshape_and_cache_torch",
     ),
-    kernels.paged_attention: (
+    pagedrl_kernels.paged_attention: (
         "paged_attention_prefill_triton",
         "paged_attention_prefill_torch",
         "paged_attention_decode_triton",
         "paged_attention_decode_cpu",
         "paged_attention_decode_torch",
     ),
-    kernels.lora: ("lora_shrink_expand_triton", "lora_shrink_expand_cpu", "lora_shrink_expand_torch"),
+    pagedrl_kernels.lora: ("lora_shrink_expand_triton", "lora_shrink_expand_cpu", "lora_shrink_expand_torch"),
     rollout_engine.sampler: ("sample_rows_cpu",),
 }
 BASE_LAUNCHERS = {

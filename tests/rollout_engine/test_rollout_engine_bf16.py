@@ -1,9 +1,10 @@
 """The engine in bf16 against transformers in bf16, on tiny random Llama / Qwen2 / Qwen3 models with a peft
 LoRA adapter (fp32, as peft keeps a bf16 model's adapter): sampled-token logprobs and greedy tokens, with the
-adapter and without, through either bf16 product (kernels/cpu_gemm.py). bf16 rounds every projection and the
-logits themselves (one bf16 step of a logit near 20 is 0.125), so the two agree to what bf16 allows, not bit
-for bit: the bounds below sit above the values measured on these models and far below what a lost adapter
-gives (the fp32 engine keeps its 1e-4 parity in test_rollout_engine_vs_hf.py and test_rollout_lora.py)."""
+adapter and without, through either bf16 product (pagedrl_kernels/cpu_gemm.py). bf16 rounds every projection
+and the logits themselves (one bf16 step of a logit near 20 is 0.125), so the two agree to what bf16 allows,
+not bit for bit: the bounds below sit above the values measured on these models and far below what a lost
+adapter gives (the fp32 engine keeps its 1e-4 parity in test_rollout_engine_vs_hf.py and
+test_rollout_lora.py)."""
 
 import contextlib
 import dataclasses
@@ -11,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.cpu_gemm import get_bf16_gemm, set_bf16_gemm
+from pagedrl_kernels.cpu_gemm import get_bf16_gemm, set_bf16_gemm
 from rl.sync.adapter import add_lora
 from rollout_engine import SamplingParams
 from tests.helpers.rollout_tiny_models import hf_logprobs, make_engine, make_tiny_model, random_prompts

@@ -4,7 +4,7 @@ tight KV budget, the prefix cache and its policy reset, multi-turn continuation,
 import pytest
 import torch
 
-from kernels.cpu_gemm import HAS_MKL_PACKING
+from pagedrl_kernels.cpu_gemm import HAS_MKL_PACKING
 from rollout_engine import SamplingParams
 from rollout_engine.memory import activation_bytes, kv_bytes_per_block
 from tests.helpers.rollout_tiny_models import (

@@ -9,8 +9,8 @@ import torch
 from transformers import GPT2Config
 
 import rollout_engine.engine as engine_module
-from kernels import cpu_gemm
-from kernels.cpu_gemm import HAS_MKL_PACKING
+from pagedrl_kernels import cpu_gemm
+from pagedrl_kernels.cpu_gemm import HAS_MKL_PACKING
 from rollout_engine import LLMEngine, SamplingParams
 from rollout_engine.sampling_params import MIN_TEMPERATURE
 from tests.helpers.rollout_tiny_models import (

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import rollout_engine.models.linear as linear_module
-from kernels.cpu_gemm import HAS_MKL_PACKING, MIN_PACKED_ROWS
+from pagedrl_kernels.cpu_gemm import HAS_MKL_PACKING, MIN_PACKED_ROWS
 from rl.sync.adapter import lora_tensors
 from rl.sync.transport import InProcessSync
 from rollout_engine import SamplingParams

@@ -5,8 +5,8 @@ import logging
 import pytest
 import torch
 
-from kernels import use_backend
-from kernels.cpu_gemm import HAS_MKL_PACKING
+from pagedrl_kernels import use_backend
+from pagedrl_kernels.cpu_gemm import HAS_MKL_PACKING
 from rollout_engine.memory import kv_bytes_per_block, num_kv_blocks, total_memory_bytes
 from tests.helpers.rollout_tiny_models import LLAMA_PACKED_BYTES, make_engine, make_tiny_model
 

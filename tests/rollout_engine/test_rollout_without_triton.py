@@ -11,7 +11,7 @@ from pathlib import Path
 if __name__ == "__main__":
     sys.modules["triton"] = None  # `import triton` now raises ModuleNotFoundError, as where it is absent
 
-import kernels.backend
+import pagedrl_kernels.backend
 from rollout_engine import SamplingParams
 from tests.helpers.rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts
 
@@ -27,7 +27,7 @@ def rollout() -> dict:
         n=3, temperature=0.8, top_k=40, top_p=0.9, max_tokens=6, seed=3, stop_token_ids=[]
     )
     return {
-        "has_triton": kernels.backend.HAS_TRITON,
+        "has_triton": pagedrl_kernels.backend.HAS_TRITON,
         "prompts": prompts,
         "greedy": [group.samples[0].token_ids for group in engine.generate(prompts, greedy)],
         "sampled": [[s.token_ids for s in group.samples] for group in engine.generate(prompts, sampled)],

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from kernels.backend import HAS_TRITON, check_triton_device, dot_precision
+from pagedrl_kernels.backend import HAS_TRITON, check_triton_device, dot_precision
 
 if HAS_TRITON:
     import triton

@@ -1,15 +1,15 @@
-"""Paged decode attention on CPU in C (kernels/cpu/paged_decode.c): each sequence's query attends to its
-cached tokens read in place through its block table, with no copy of the K/V out of the cache, in fp32 over
-an fp32 or a bf16 cache. It is tested against the PyTorch reference, paged_attention_decode_torch."""
+"""Paged decode attention on CPU in C (pagedrl_kernels/cpu/paged_decode.c): each sequence's query attends to
+its cached tokens read in place through its block table, with no copy of the K/V out of the cache, in fp32
+over an fp32 or a bf16 cache. It is tested against the PyTorch reference, paged_attention_decode_torch."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.cpu_library import F32, I32, I64, PTR, CpuKernels
+from pagedrl_kernels.cpu_library import F32, I32, I64, PTR, CpuKernels
 
-# The limits kernels/cpu/paged_decode.c was compiled with: head_dim a multiple of 16 up to MAX_HEAD_DIM,
-# and up to MAX_GROUP query heads per KV head.
+# The limits pagedrl_kernels/cpu/paged_decode.c was compiled with: head_dim a multiple of 16 up to
+# MAX_HEAD_DIM, and up to MAX_GROUP query heads per KV head.
 MAX_HEAD_DIM, MAX_GROUP = 256, 64
 
 _paged_decode = CpuKernels(

@@ -24,7 +24,7 @@ per-token `adapter_indices` [num_tokens] argument after the weights, stack A as 
 [num_adapters, out, r], and let each token row read its adapter's rows (index -1 taking the mask's place as
 "no adapter"). That is not built: the engine serves a single adapter.
 
-The Triton kernels and their single-op launchers live in kernels/lora_triton.py.
+The Triton kernels and their single-op launchers live in pagedrl_kernels/lora_triton.py.
 """
 
 from collections.abc import Sequence
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import get_backend, use_triton
-from kernels.cpu_gemm import WeightUpdate
-from kernels.lora_triton import lora_expand_triton, lora_shrink_triton
+from pagedrl_kernels.backend import get_backend, use_triton
+from pagedrl_kernels.cpu_gemm import WeightUpdate
+from pagedrl_kernels.lora_triton import lora_expand_triton, lora_shrink_triton
 
 
 @dataclass(slots=True)
@@ -45,9 +45,10 @@ class StackedLora:
     a [num * r, in] stacks their A by rows and b holds each B [out, r]: the layout weights are synced in,
     read by the Triton kernels and the reference. On the CPU, a_t = A^T [in, num * r] and
     b_t[i] = scale * B_i^T [r, out] are transposed copies for MKL, and updates[i] is projection i's
-    scale * B_i A_i as a WeightUpdate of its base weight (kernels/cpu_gemm.py merges it into the packed
-    weight), owned by b_t[i], so the merged packs go when these weights do, with no reference cycle to wait
-    for the garbage collector; `refresh` re-derives them after a and b are written, and bumps `version`."""
+    scale * B_i A_i as a WeightUpdate of its base weight (pagedrl_kernels/cpu_gemm.py merges it into the
+    packed weight), owned by b_t[i], so the merged packs go when these weights do, with no reference cycle to
+    wait for the garbage collector; `refresh` re-derives them after a and b are written, and bumps
+    `version`."""
 
     a: torch.Tensor
     b: tuple[torch.Tensor, ...]

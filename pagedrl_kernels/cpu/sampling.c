@@ -10,7 +10,7 @@
 #include "vector.h"
 
 #define CDF_BLOCK 1024   /* tokens per block sum, as the reference's _CDF_BLOCK */
-#define MAX_BLOCKS 1024  /* a vocabulary of up to CDF_BLOCK * MAX_BLOCKS tokens: kernels/sampling.py's MAX_VOCAB */
+#define MAX_BLOCKS 1024  /* a vocabulary of up to CDF_BLOCK * MAX_BLOCKS tokens: pagedrl_kernels/sampling.py's MAX_VOCAB */
 #define PARALLEL_MIN_ELEMENTS 32768 /* below this, one thread is faster than waking the others */
 
 /* Up to VLEN logits from p, the lanes past count -inf, which weighs 0 and never wins the max. */

@@ -6,7 +6,7 @@ into one tile of rows, so each K/V tile read through the block table serves the 
 
 import torch
 
-from kernels.backend import HAS_TRITON, check_triton_device, dot_precision
+from pagedrl_kernels.backend import HAS_TRITON, check_triton_device, dot_precision
 
 if HAS_TRITON:
     import triton

@@ -2,9 +2,9 @@
 queries per sequence attending to its cached prefix and causally within the chunk).
 
 paged_attention_decode and paged_attention_prefill are the entry points, and the only places that choose an
-implementation (under the kernel backend, kernels.backend): the Triton kernel for CUDA tensors; for decode
-over an fp32 or bf16 CPU cache the C kernel (paged_decode_cpu.py) where it could be built; else the PyTorch
-reference."""
+implementation (under the kernel backend, pagedrl_kernels.backend): the Triton kernel for CUDA tensors; for
+decode over an fp32 or bf16 CPU cache the C kernel (paged_decode_cpu.py) where it could be built; else the
+PyTorch reference."""
 
 from itertools import accumulate
 from typing import NamedTuple
@@ -12,10 +12,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import use_triton
-from kernels.paged_decode import paged_attention_decode_triton
-from kernels.paged_decode_cpu import cpu_decode_supported, paged_attention_decode_cpu
-from kernels.paged_prefill import paged_attention_prefill_triton
+from pagedrl_kernels.backend import use_triton
+from pagedrl_kernels.paged_decode import paged_attention_decode_triton
+from pagedrl_kernels.paged_decode_cpu import cpu_decode_supported, paged_attention_decode_cpu
+from pagedrl_kernels.paged_prefill import paged_attention_prefill_triton
 
 __all__ = [
     "paged_attention_decode",

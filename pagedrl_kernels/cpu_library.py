@@ -1,12 +1,14 @@
-"""The C kernels of kernels/cpu/, built on first use with the machine's C compiler and loaded through ctypes.
+"""The C kernels of pagedrl_kernels/cpu/, built on first use with the machine's C compiler and loaded through
+ctypes.
 
 A library is compiled once per source (with the shared headers), compiler, machine (with -march=native,
-so it uses the CPU's vector units, whose width kernels/cpu/vector.h picks) and extra flags into kernels/ of
-the cache directory (host.system.cache_dir), and later processes load the cached file. $PAGEDRL_CPU_FLAGS
-adds compiler flags: with `-mno-avx512f`, an AVX-512 machine builds and runs the AVX2 code (the tests check
-it that way too). OpenMP parallel loops share PyTorch's OpenMP runtime, so they use torch's threads
-(torch.set_num_threads) and no others. Without a compiler, or when a build fails, `load_library` warns once
-and returns None: the dispatchers then run the PyTorch references, which compute the same thing more slowly.
+so it uses the CPU's vector units, whose width pagedrl_kernels/cpu/vector.h picks) and extra flags into
+kernels/ of the cache directory (host.system.cache_dir), and later processes load the cached file.
+$PAGEDRL_CPU_FLAGS adds compiler flags: with `-mno-avx512f`, an AVX-512 machine builds and runs the AVX2 code
+(the tests check it that way too). OpenMP parallel loops share PyTorch's OpenMP runtime, so they use torch's
+threads (torch.set_num_threads) and no others. Without a compiler, or when a build fails, `load_library` warns
+once and returns None: the dispatchers then run the PyTorch references, which compute the same thing more
+slowly.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 
 from host.system import cache_dir, cpuinfo_text
-from kernels.backend import get_backend
+from pagedrl_kernels.backend import get_backend
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=gnu11"]
@@ -67,8 +69,8 @@ def _build(source: Path, compiler: str, target: Path) -> None:
 
 @functools.cache
 def load_library(name: str) -> ctypes.CDLL | None:
-    """kernels/cpu/<name>.c as a loaded library, built first if this machine has no build of it yet; None
-    (after one warning) when it cannot be built."""
+    """pagedrl_kernels/cpu/<name>.c as a loaded library, built first if this machine has no build of it yet;
+    None (after one warning) when it cannot be built."""
     source = SOURCE_DIR / f"{name}.c"
     compiler = _compiler()
     try:
@@ -95,8 +97,8 @@ PTR, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_flo
 
 
 class CpuKernel:
-    """One C function of kernels/cpu/<library>.c, with its argument types (PTR, I64, I32, F32 ...) and the
-    dtype of the tensors it reads (fp32 unless named)."""
+    """One C function of pagedrl_kernels/cpu/<library>.c, with its argument types (PTR, I64, I32, F32 ...) and
+    the dtype of the tensors it reads (fp32 unless named)."""
 
     def __init__(
         self, library: str, symbol: str, *argtypes: type, dtype: torch.dtype = torch.float32
@@ -132,8 +134,9 @@ class CpuKernel:
 
 
 class CpuKernels:
-    """The fp32 and the bf16 build of one C op, <symbol>_f32 and <symbol>_bf16 in kernels/cpu/<library>.c,
-    with the same argument types: `kernels[dtype]` is the CpuKernel for tensors of that dtype."""
+    """The fp32 and the bf16 build of one C op, <symbol>_f32 and <symbol>_bf16 in
+    pagedrl_kernels/cpu/<library>.c, with the same argument types: `kernels[dtype]` is the CpuKernel for
+    tensors of that dtype."""
 
     def __init__(self, library: str, symbol: str, *argtypes: type) -> None:
         self._kernels = {

@@ -1,13 +1,14 @@
-"""The Triton backend of kernels/lora.py on CUDA: the shrink kernel (with its split over input features and
-the fp32 reduction that sums the splits), the expand kernel, their tile sizes, and one launcher per op.
-kernels/lora.py documents the ops and dispatches to these; the tests hold them to its PyTorch reference.
+"""The Triton backend of pagedrl_kernels/lora.py on CUDA: the shrink kernel (with its split over input
+features and the fp32 reduction that sums the splits), the expand kernel, their tile sizes, and one launcher
+per op. pagedrl_kernels/lora.py documents the ops and dispatches to these; the tests hold them to its PyTorch
+reference.
 """
 
 import functools
 
 import torch
 
-from kernels.backend import HAS_TRITON, check_triton_device, dot_precision
+from pagedrl_kernels.backend import HAS_TRITON, check_triton_device, dot_precision
 
 if HAS_TRITON:
     import triton

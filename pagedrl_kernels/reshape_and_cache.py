@@ -2,8 +2,8 @@
 
 import torch
 
-from kernels.backend import HAS_TRITON, check_triton_device, use_triton
-from kernels.cpu_library import I32, I64, PTR, CpuKernels
+from pagedrl_kernels.backend import HAS_TRITON, check_triton_device, use_triton
+from pagedrl_kernels.cpu_library import I32, I64, PTR, CpuKernels
 
 if HAS_TRITON:
     import triton
@@ -99,7 +99,7 @@ def reshape_and_cache_cpu(
     slot_mapping: torch.Tensor,
 ) -> None:
     """C launcher of reshape_and_cache for fp32 or bf16 CPU tensors, the key and value in the cache's dtype
-    (kernels/cpu/layer_ops.c), skipping slots < 0."""
+    (pagedrl_kernels/cpu/layer_ops.c), skipping slots < 0."""
     if key.stride(2) != 1 or value.stride(2) != 1:
         key, value = key.contiguous(), value.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()

@@ -1,15 +1,15 @@
-"""Token sampling on CPU in C (kernels/cpu/sampling.c) for rows without top-k or top-p: the token whose CDF
-interval under softmax(logits / T) holds each row's uniform, and its logprob, in two passes over each row
-and no [rows, vocab] intermediate. It is tested against float64 CDFs and against the PyTorch path of
+"""Token sampling on CPU in C (pagedrl_kernels/cpu/sampling.c) for rows without top-k or top-p: the token
+whose CDF interval under softmax(logits / T) holds each row's uniform, and its logprob, in two passes over
+each row and no [rows, vocab] intermediate. It is tested against float64 CDFs and against the PyTorch path of
 rollout_engine.sampler.sample, which stays the reference."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.cpu_library import I32, I64, PTR, CpuKernel
+from pagedrl_kernels.cpu_library import I32, I64, PTR, CpuKernel
 
-# The largest vocabulary kernels/cpu/sampling.c was compiled for: CDF_BLOCK * MAX_BLOCKS tokens.
+# The largest vocabulary pagedrl_kernels/cpu/sampling.c was compiled for: CDF_BLOCK * MAX_BLOCKS tokens.
 MAX_VOCAB = 1024 * 1024
 
 _sample_rows = CpuKernel("sampling", "sample_rows_f32", PTR, I64, I32, I32, PTR, PTR, PTR, PTR)

@@ -1,6 +1,6 @@
 """Backend choice shared by every kernel dispatcher: "auto" (Triton on CUDA tensors; on CPU the C kernels of
-kernels/cpu for fp32 tensors when they could be built, else the PyTorch reference), "torch" (always the
-PyTorch reference) or "triton" (always the Triton kernel).
+pagedrl_kernels/cpu for fp32 tensors when they could be built, else the PyTorch reference), "torch" (always
+the PyTorch reference) or "triton" (always the Triton kernel).
 
 Forcing "triton" on CPU tensors runs the Triton kernels under Triton's interpreter (TRITON_INTERPRET=1 in the
 environment before triton is imported; the test suite's conftest sets it): the engine then takes the path it
@@ -30,7 +30,7 @@ INTERPRETED = HAS_TRITON and bool(triton.knobs.runtime.interpret)
 
 _NO_TRITON = (
     "triton is not installed (pyproject installs it on Linux x86_64 only): use the torch backend "
-    "(kernels.set_backend('torch') or 'auto'), or pip install triton where it is available"
+    "(pagedrl_kernels.set_backend('torch') or 'auto'), or pip install triton where it is available"
 )
 
 _backend = "auto"
@@ -78,7 +78,7 @@ def check_triton_device(tensor: torch.Tensor) -> None:
     raise RuntimeError(
         f"the Triton kernels cannot run on {tensor.device} tensors here: use CUDA tensors, or set "
         "TRITON_INTERPRET=1 before triton and kernels are imported, or use the torch backend "
-        "(kernels.set_backend('torch'))"
+        "(pagedrl_kernels.set_backend('torch'))"
     )
 
 

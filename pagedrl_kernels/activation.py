@@ -3,8 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import HAS_TRITON, check_triton_device, use_triton
-from kernels.cpu_library import I32, I64, PTR, CpuKernels
+from pagedrl_kernels.backend import HAS_TRITON, check_triton_device, use_triton
+from pagedrl_kernels.cpu_library import I32, I64, PTR, CpuKernels
 
 if HAS_TRITON:
     import triton
@@ -47,7 +47,7 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_cpu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """C launcher of silu_and_mul for fp32 or bf16 CPU tensors (kernels/cpu/layer_ops.c); rows may be
+    """C launcher of silu_and_mul for fp32 or bf16 CPU tensors (pagedrl_kernels/cpu/layer_ops.c); rows may be
     strided."""
     if gate.stride(1) != 1 or up.stride(1) != 1:
         gate, up = gate.contiguous(), up.contiguous()

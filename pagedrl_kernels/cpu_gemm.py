@@ -71,7 +71,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import get_backend
+from pagedrl_kernels.backend import get_backend
 
 
 def _mkl_calls() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr] | None:

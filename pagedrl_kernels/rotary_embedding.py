@@ -2,8 +2,8 @@
 
 import torch
 
-from kernels.backend import HAS_TRITON, check_triton_device, use_triton
-from kernels.cpu_library import I32, I64, PTR, CpuKernels
+from pagedrl_kernels.backend import HAS_TRITON, check_triton_device, use_triton
+from pagedrl_kernels.cpu_library import I32, I64, PTR, CpuKernels
 
 if HAS_TRITON:
     import triton
@@ -122,7 +122,7 @@ def rotary_embedding_cpu(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """C launcher of rotary_embedding for fp32 or bf16 CPU q and k and an fp32 cos_sin_cache
-    (kernels/cpu/layer_ops.c): rotates q and k in place when their last dim is contiguous (else copies
+    (pagedrl_kernels/cpu/layer_ops.c): rotates q and k in place when their last dim is contiguous (else copies
     first), returns them."""
     q = q if q.stride(2) == 1 else q.contiguous()
     k = k if k.stride(2) == 1 else k.contiguous()

@@ -2,8 +2,8 @@
 
 import torch
 
-from kernels.backend import HAS_TRITON, check_triton_device, use_triton
-from kernels.cpu_library import F32, I32, I64, PTR, CpuKernels
+from pagedrl_kernels.backend import HAS_TRITON, check_triton_device, use_triton
+from pagedrl_kernels.cpu_library import F32, I32, I64, PTR, CpuKernels
 
 if HAS_TRITON:
     import triton
@@ -94,7 +94,8 @@ def rms_norm_triton(
 def rms_norm_cpu(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """C launcher of rms_norm for fp32 or bf16 CPU tensors (kernels/cpu/layer_ops.c), one pass per row."""
+    """C launcher of rms_norm for fp32 or bf16 CPU tensors (pagedrl_kernels/cpu/layer_ops.c), one pass per
+    row."""
     x = x if x.stride(1) == 1 else x.contiguous()
     residual = residual if residual is None or residual.stride(1) == 1 else residual.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype)
