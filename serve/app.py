@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 
@@ -274,7 +274,7 @@ def run_server(app: FastAPI, sock: socket.socket) -> None:
     """Serve `app` on `sock` until Ctrl-C (or SIGTERM); requests still streaming get 5 s to finish, then it
     returns."""
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
-    try:
+    # uvicorn shuts down, then passes the Ctrl-C on: KeyboardInterrupt, or nothing where SIGINT is ignored
+    with suppress(KeyboardInterrupt):
         uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn has shut down, and passes the Ctrl-C on
-        print("server stopped")
+    print("server stopped")

@@ -18,6 +18,7 @@ from envs.stepping import NUM_WORKERS
 from rl.job.evaluate import succeeded
 from rl.job.loop_metrics import reward_metrics
 from rl.job.play import Trajectory, _record_step
+from tests.helpers.ctrl_c import popen_interruptible
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = threading.Event()  # lets the hung steps of this process go once the module's tests are done
@@ -163,7 +164,7 @@ HUNG_SCRIPT = textwrap.dedent(
 
 
 def spawn_hung(timeout_s):
-    return subprocess.Popen(
+    return popen_interruptible(
         [sys.executable, "-c", HUNG_SCRIPT, str(timeout_s)],
         cwd=REPO,
         stdout=subprocess.PIPE,

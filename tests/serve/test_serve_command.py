@@ -16,6 +16,7 @@ from rl.job.config import register_configs
 from rl.job.model_loading import load_model
 from rl.settings import ConfigError
 from serve import command
+from tests.helpers.ctrl_c import popen_interruptible
 from tests.helpers.live_server import hf_greedy
 from tests.helpers.train_runs import adapted_checkpoint, compose_cfg, peft_reference
 
@@ -54,7 +55,9 @@ def test_the_command_serves_the_checkpoints_adapter_and_stops_on_ctrl_c(checkpoi
         "rollout.max_model_len=256",
         f"hydra.run.dir={tmp_path}",
     ]
-    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = popen_interruptible(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         lines = []
         while not (lines and lines[-1].startswith("serving ")):
