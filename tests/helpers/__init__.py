@@ -7,10 +7,12 @@ the conftest files.
 - trainer_batch: the trainer tests' hand-laid rollout batch and LoRA adapter; ddp_grad_worker: the rank
   script of the DDP gradient test
 - lora_training: the checkpoint tests' tiny LoRA model, optimizer, scheduler and seeded training step
-- train_runs: train.py loaded from its file, configs composed for tiny runs, a tiny checkpoint with a random
-  adapter; plugin_envs: the plugin envs those runs use (vowels, parity and its transfer sources)
+- train_runs: configs composed for tiny runs (tests `import train` and call train.train(cfg)), a tiny
+  checkpoint with a random adapter; plugin_envs: the plugin envs those runs use (vowels, parity and its
+  transfer sources)
 - rollout_tiny_models: the engine tests' models (with a random LoRA adapter too), engine builder and
   transformers references; cuda_graph_cases: the CUDA-graph tests' runners and decode steps
 - sync_fake_receiver: engine stand-ins for the weight-sync tests
 - live_server: a live OpenAI-compatible server over the tiny model, for the `openai` client
+- ctrl_c: children a test stops with Ctrl-C, started with SIGINT at its default
 """

@@ -1,8 +1,6 @@
-"""train.py loaded from its file, configs composed for a run on the tiny model, and a tiny checkpoint whose
-adapter holds random values, with peft's reference of it."""
+"""Configs composed for a run on the tiny model, and a tiny checkpoint whose adapter holds random values,
+with peft's reference of it."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
@@ -10,6 +8,7 @@ from hydra import compose, initialize_config_dir
 from peft import PeftModel
 
 from rl.job.checkpoint import ADAPTER, save_checkpoint
+from rl.job.config import register_configs
 from rl.job.model_loading import load_model
 from rl.sync.adapter import add_lora
 
@@ -36,15 +35,8 @@ TINY = [
 ]
 
 
-def load_train_module():
-    spec = importlib.util.spec_from_file_location("pagedrl_train", REPO / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
 def compose_cfg(run_dir, *overrides):
+    register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("train", overrides=[*TINY, *overrides, f"run_dir={run_dir}"])
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+import train
 from rl.job.config import register_configs
-from tests.helpers.train_runs import REPO, load_train_module
+from tests.helpers.train_runs import REPO
 
 SHORT = [
     "sft.steps=20",
@@ -32,11 +33,10 @@ MARGIN = 0.25
 @pytest.mark.slow
 def test_a_shortened_default_job_lifts_held_out_accuracy_well_above_the_base(tmp_path):
     register_configs()
-    train_module = load_train_module()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=[*SHORT, f"run_dir={tmp_path}"])
     torch.manual_seed(cfg.seed)
-    result = train_module.train(cfg)
+    result = train.train(cfg)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_eval_tasks"] == 100
     assert summary["base_accuracy"] == result.evals[0].result.accuracy

@@ -9,22 +9,17 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
+import train
 from rl.job import export
 from rl.job.checkpoint import ADAPTER, ADAPTER_WEIGHTS, save_checkpoint
-from rl.job.config import register_configs
 from rl.job.model_loading import load_model
+from rl.job.modes import export_only
 from rl.sync.adapter import add_lora
-from tests.helpers.train_runs import adapted_checkpoint, compose_cfg, load_train_module, peft_reference
+from tests.helpers.train_runs import adapted_checkpoint, compose_cfg, peft_reference
 
 SEQUENCES = [[1, 520, 9531, 198, 4093, 17, 88], [2, 33], list(range(100, 140))]
 PROJECTION = "model.layers.1.mlp.down_proj"  # a projection the default LoRA (all seven) adapts
 MESSAGES = [{"role": "system", "content": "Answer in SQL."}, {"role": "user", "content": "How many pets?"}]
-
-
-@pytest.fixture(scope="module")
-def train_module():
-    register_configs()
-    return load_train_module()
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +32,9 @@ def export_cfg(tmp_path, *overrides):
 
 
 @pytest.fixture(scope="module")
-def exported(train_module, checkpoint, tmp_path_factory):
+def exported(checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "merged"
-    train_module.export_only(export_cfg(out.parent, f"checkpoint={checkpoint}", f"export.dir={out}"))
+    export_only(export_cfg(out.parent, f"checkpoint={checkpoint}", f"export.dir={out}"))
     return out
 
 
@@ -86,11 +81,9 @@ def test_the_export_is_a_plain_model_directory_with_the_tokenizer_and_its_chat_t
     assert [p.name for p in exported.parent.iterdir()] == [exported.name]  # no temporary directory left
 
 
-def test_a_bf16_export_holds_the_fp32_sum_rounded_once_to_bf16(train_module, checkpoint, tmp_path):
+def test_a_bf16_export_holds_the_fp32_sum_rounded_once_to_bf16(checkpoint, tmp_path):
     out = tmp_path / "bf16"
-    train_module.export_only(
-        export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}", "model.dtype=bfloat16")
-    )
+    export_only(export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}", "model.dtype=bfloat16"))
     weights = load_file(out / "model.safetensors")
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
@@ -105,9 +98,9 @@ def test_a_bf16_export_holds_the_fp32_sum_rounded_once_to_bf16(train_module, che
     assert torch.equal(weights[f"{PROJECTION}.weight"], (w + delta).to(torch.bfloat16))
 
 
-def error_line(train_module, cfg) -> str:
+def error_line(cfg) -> str:
     with pytest.raises(SystemExit) as stopped:
-        train_module.main(cfg)
+        train.main(cfg)
     message = str(stopped.value.code)
     assert message.startswith("error: ") and "\n" not in message
     return message
@@ -117,51 +110,43 @@ def never_loaded(*args, **kwargs):
     raise AssertionError("the model loaded: the check came too late")
 
 
-def test_what_needs_no_model_is_refused_before_the_model_loads(
-    train_module, checkpoint, tmp_path, monkeypatch
-):
+def test_what_needs_no_model_is_refused_before_the_model_loads(checkpoint, tmp_path, monkeypatch):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     monkeypatch.setattr(export, "load_model", never_loaded)
     out = tmp_path / "out"
-    no_checkpoint = error_line(train_module, export_cfg(tmp_path, f"export.dir={out}"))
+    no_checkpoint = error_line(export_cfg(tmp_path, f"export.dir={out}"))
     assert "mode=export needs checkpoint=RUN_DIR/checkpoints/step_<N>" in no_checkpoint
-    no_dir = error_line(train_module, export_cfg(tmp_path, f"checkpoint={checkpoint}"))
+    no_dir = error_line(export_cfg(tmp_path, f"checkpoint={checkpoint}"))
     assert "mode=export needs export.dir=<a new directory>" in no_dir
-    missing = error_line(
-        train_module, export_cfg(tmp_path, f"checkpoint={tmp_path}/nowhere", f"export.dir={out}")
-    )
+    missing = error_line(export_cfg(tmp_path, f"checkpoint={tmp_path}/nowhere", f"export.dir={out}"))
     assert f"checkpoint {tmp_path}/nowhere does not exist" in missing
     incomplete = tmp_path / "step_3"
     incomplete.mkdir()
-    partial = error_line(train_module, export_cfg(tmp_path, f"checkpoint={incomplete}", f"export.dir={out}"))
+    partial = error_line(export_cfg(tmp_path, f"checkpoint={incomplete}", f"export.dir={out}"))
     assert "is not a complete checkpoint (missing adapter/adapter_model.safetensors" in partial
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    full = error_line(train_module, export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}"))
+    full = error_line(export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}"))
     assert f"export.dir={out} exists and is not empty" in full and "pass export.dir=<a new directory>" in full
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
 
 
-def test_a_checkpoint_that_does_not_fit_the_lora_settings_is_refused(
-    train_module, checkpoint, tmp_path, monkeypatch
-):
+def test_a_checkpoint_that_does_not_fit_the_lora_settings_is_refused(checkpoint, tmp_path, monkeypatch):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     out = tmp_path / "out"
     cfg = export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}", "lora.rank=8")
-    assert "r: saved 16 vs model 8" in error_line(train_module, cfg)
+    assert "r: saved 16 vs model 8" in error_line(cfg)
     cfg = export_cfg(
         tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}", "lora.target_modules=attention"
     )
-    assert "target_modules" in error_line(train_module, cfg)
+    assert "target_modules" in error_line(cfg)
     assert not out.exists()
 
 
-def test_an_empty_export_dir_is_filled_and_a_failed_write_leaves_nothing(
-    train_module, checkpoint, tmp_path, monkeypatch
-):
+def test_an_empty_export_dir_is_filled_and_a_failed_write_leaves_nothing(checkpoint, tmp_path, monkeypatch):
     out = tmp_path / "empty"
     out.mkdir()
-    train_module.export_only(export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}"))
+    export_only(export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}"))
     assert (out / "model.safetensors").is_file()
 
     def disk_full(directory):
@@ -170,14 +155,12 @@ def test_an_empty_export_dir_is_filled_and_a_failed_write_leaves_nothing(
     monkeypatch.setattr(export, "fsync_tree", disk_full)
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     failed = tmp_path / "failed"
-    message = error_line(
-        train_module, export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={failed}")
-    )
+    message = error_line(export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={failed}"))
     assert "could not write the export" in message and "No space left on device" in message
     assert not failed.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
-def test_an_adapter_that_makes_a_weight_non_finite_is_refused(train_module, tmp_path, monkeypatch):
+def test_an_adapter_that_makes_a_weight_non_finite_is_refused(tmp_path, monkeypatch):
     model = add_lora(load_model("tiny_llama", dtype="float32", device="cpu")[0])
     with torch.no_grad():
         dict(model.named_parameters())[f"base_model.model.{PROJECTION}.lora_B.default.weight"].fill_(
@@ -187,6 +170,6 @@ def test_an_adapter_that_makes_a_weight_non_finite_is_refused(train_module, tmp_
     broken = save_checkpoint(tmp_path / "broken_run", 1, model, optimizer)
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     out = tmp_path / "out"
-    message = error_line(train_module, export_cfg(tmp_path, f"checkpoint={broken}", f"export.dir={out}"))
+    message = error_line(export_cfg(tmp_path, f"checkpoint={broken}", f"export.dir={out}"))
     assert f"non-finite values in 1 weights (for example {PROJECTION}.weight)" in message
     assert not out.exists()

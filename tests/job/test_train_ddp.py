@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import train
 from rl.job import grpo_step as grpo_step_module
 from rl.job import stages
 from rl.job.config import register_configs
@@ -35,7 +36,7 @@ from rl.job.outcomes import read_outcomes
 from rl.sync.adapter import add_lora, lora_tensors
 from rollout_engine import SamplingParams
 from tests.helpers.plugin_envs import VOWELS, vowel_tasks
-from tests.helpers.train_runs import compose_cfg, load_train_module
+from tests.helpers.train_runs import compose_cfg
 
 NUM_STEPS, PROMPTS_PER_RANK, WORLD_SIZE = 2, 2, 2
 DDP = [
@@ -54,7 +55,6 @@ def _questions(tasks) -> list[str]:
 
 def rank_main(run_dir: Path, *overrides: str) -> None:
     """One rank: train under torchrun, then save what it saw and its weights to RUN_DIR/rank<r>.pt."""
-    train = load_train_module()
     seen = {"train": [], "eval": [], "local_metrics": [], "checkpoints": 0, "loggers": 0}
 
     def start_episodes(env, tasks):  # collect_groups passes [task] * G, run_eval the rank's eval shard

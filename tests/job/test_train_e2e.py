@@ -9,13 +9,13 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict
 
+import train
 from envs import BaseEnv, EnvError, StepResult
 from rl.algo.advantages import compute_advantages
 from rl.job import distributed as dp
 from rl.job import modes
 from rl.job.bookkeeping import resume
 from rl.job.checkpoint import RunDirError, find_latest
-from rl.job.config import register_configs
 from rl.job.data import TaskStream
 from rl.job.grpo_step import collect_groups
 from rl.job.loop_metrics import StepTimer
@@ -26,7 +26,7 @@ from rl.settings import ConfigError
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
 from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS, plugin_module
-from tests.helpers.train_runs import SMALL_SQL, compose_cfg, load_train_module
+from tests.helpers.train_runs import SMALL_SQL, compose_cfg
 
 # The metrics a training run must log: TRL's names plus the engine's own. "rewards/" stands for one metric per
 # reward component (rewards/<component>); eval/accuracy is logged on evaluation steps only.
@@ -102,30 +102,24 @@ class RightAnswerEpisode:
 
 def right_answer_tasks():
     """Training tasks all answered wrong; held-out tasks half right."""
-    train = [{"question": f"Name the colour {i}.", "right": False} for i in range(16)]
+    train_rows = [{"question": f"Name the colour {i}.", "right": False} for i in range(16)]
     test = [{"question": f"Name the fruit {i}.", "right": i % 2 == 0} for i in range(4)]
-    return DatasetDict(train=Dataset.from_list(train), test=Dataset.from_list(test))
+    return DatasetDict(train=Dataset.from_list(train_rows), test=Dataset.from_list(test))
 
 
 RIGHT_ANSWER = plugin_module("e2e_right_answer_env", RightAnswerEnv, right_answer_tasks)
 
 
-@pytest.fixture(scope="module")
-def train_module():
-    register_configs()
-    return load_train_module()
-
-
-def run(train_module, run_dir, *overrides):
+def run(run_dir, *overrides):
     cfg = compose_cfg(run_dir, *overrides)
     torch.manual_seed(cfg.seed)
-    return train_module.train(cfg)
+    return train.train(cfg)
 
 
 @pytest.fixture(scope="module")
-def three_steps(train_module, tmp_path_factory):
+def three_steps(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run3")
-    return run_dir, run(train_module, run_dir, "num_steps=3", *VOWELS)
+    return run_dir, run(run_dir, "num_steps=3", *VOWELS)
 
 
 def test_three_steps_train_the_adapter_and_log_every_metric(three_steps):
@@ -158,8 +152,8 @@ def test_after_sync_the_engine_samples_from_the_trainers_weights(three_steps, ca
     assert not torch.allclose(base, expected, atol=1e-4)  # the adapter matters, so the check above can fail
 
 
-def test_a_bf16_run_trains_an_fp32_adapter_and_logs_the_sampler_mismatch(train_module, tmp_path):
-    result = run(train_module, tmp_path, "num_steps=2", "model.dtype=bfloat16", *VOWELS)
+def test_a_bf16_run_trains_an_fp32_adapter_and_logs_the_sampler_mismatch(tmp_path):
+    result = run(tmp_path, "num_steps=2", "model.dtype=bfloat16", *VOWELS)
     model, engine = result.parts.model, result.parts.engine
     assert engine.runner.kv_pool.dtype == torch.bfloat16
     assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
@@ -171,10 +165,10 @@ def test_a_bf16_run_trains_an_fp32_adapter_and_logs_the_sampler_mismatch(train_m
 
 
 @pytest.mark.usefixtures("fixed_cpu_threads")
-def test_resume_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_path):
-    straight = run(train_module, tmp_path / "a", "num_steps=4", *VOWELS)
-    run(train_module, tmp_path / "b", "num_steps=3", *VOWELS)
-    resumed = run(train_module, tmp_path / "b", "num_steps=4", "resume=true", *VOWELS)
+def test_resume_gives_the_same_fourth_step_as_no_interruption(tmp_path):
+    straight = run(tmp_path / "a", "num_steps=4", *VOWELS)
+    run(tmp_path / "b", "num_steps=3", *VOWELS)
+    resumed = run(tmp_path / "b", "num_steps=4", "resume=true", *VOWELS)
     assert [p.stage for p in resumed.evals] == ["grpo"] and len(resumed.history) == 1
     assert resumed.summary["base_accuracy"] is None  # a resumed run did not see the base model
     assert resumed.history[0]["policy_loss"] == straight.history[3]["policy_loss"]
@@ -184,11 +178,11 @@ def test_resume_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_
 
 
 @pytest.mark.usefixtures("fixed_cpu_threads")
-def test_resume_with_the_curriculum_gives_the_same_fourth_step_as_no_interruption(train_module, tmp_path):
+def test_resume_with_the_curriculum_gives_the_same_fourth_step_as_no_interruption(tmp_path):
     curriculum = ["curriculum.enabled=true", *VOWELS]
-    straight = run(train_module, tmp_path / "a", "num_steps=4", *curriculum)
-    run(train_module, tmp_path / "b", "num_steps=3", *curriculum)
-    resumed = run(train_module, tmp_path / "b", "num_steps=4", "resume=true", *curriculum)
+    straight = run(tmp_path / "a", "num_steps=4", *curriculum)
+    run(tmp_path / "b", "num_steps=3", *curriculum)
+    resumed = run(tmp_path / "b", "num_steps=4", "resume=true", *curriculum)
     assert resumed.history[0]["policy_loss"] == straight.history[3]["policy_loss"]
     assert resumed.history[0]["reward"] == straight.history[3]["reward"]
     state = json.loads((tmp_path / "b" / "checkpoints" / "step_4" / "state.json").read_text())
@@ -196,17 +190,17 @@ def test_resume_with_the_curriculum_gives_the_same_fourth_step_as_no_interruptio
     assert sum(tries for _, tries in records.values()) == 4 * 2 * 4  # steps x prompts x samples
 
 
-def test_default_sql_env_runs_a_step_and_scores_the_held_out_split(train_module, tmp_path):
-    result = run(train_module, tmp_path, "num_steps=1", SMALL_SQL)
+def test_default_sql_env_runs_a_step_and_scores_the_held_out_split(tmp_path):
+    result = run(tmp_path, "num_steps=1", SMALL_SQL)
     assert math.isfinite(result.history[0]["policy_loss"])
     final = result.evals[-1].result
     assert final.num_tasks == 4 and 0.0 <= final.accuracy <= 1.0
     assert "rewards/execution" in result.history[0]
 
 
-def test_multi_turn_masks_observation_tokens_out_of_the_loss(train_module, tmp_path):
+def test_multi_turn_masks_observation_tokens_out_of_the_loss(tmp_path):
     multi_turn = ["env=sql_multiturn", "env.args.max_turns=2", SMALL_SQL]
-    result = run(train_module, tmp_path, "num_steps=1", *multi_turn)
+    result = run(tmp_path, "num_steps=1", *multi_turn)
     parts = result.parts
     cfg = compose_cfg(tmp_path, *multi_turn)
     stream = TaskStream(parts.train_tasks, seed=1)
@@ -226,9 +220,9 @@ def test_multi_turn_masks_observation_tokens_out_of_the_loss(train_module, tmp_p
         assert obs_text == "" or "<observation>" in obs_text
 
 
-def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(train_module, tmp_path):
+def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tmp_path):
     result = run(
-        train_module, tmp_path, "num_steps=2", "sft.steps=3", "sft.batch_size=4", "curriculum.enabled=true",
+        tmp_path, "num_steps=2", "sft.steps=3", "sft.batch_size=4", "curriculum.enabled=true",
         "curriculum.pool_by=[family]", SMALL_SQL,
     )  # fmt: skip
     assert [(p.stage, p.step) for p in result.evals] == [("base", 0), ("sft", 3), ("grpo", 2)]
@@ -245,15 +239,13 @@ def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tra
     assert rates and all(0.0 < v < 1.0 for v in rates.values())  # Beta(1, 1) posteriors stay inside
 
 
-def test_the_envs_is_success_decides_what_evaluation_and_the_curriculum_count_as_solved(
-    train_module, tmp_path
-):
+def test_the_envs_is_success_decides_what_evaluation_and_the_curriculum_count_as_solved(tmp_path):
     env = [
         "env=plugin",
         "env.name=e2e_right_answer_env.RightAnswerEnv",
         "env.tasks._target_=e2e_right_answer_env.right_answer_tasks",
     ]
-    result = run(train_module, tmp_path, "num_steps=1", "curriculum.enabled=true", *env)
+    result = run(tmp_path, "num_steps=1", "curriculum.enabled=true", *env)
     # every reward is positive, so a positive reward would count every task solved (1.0, and 0.9 below)
     assert [(p.stage, p.result.accuracy, p.result.num_tasks) for p in result.evals] == [
         ("base", 0.5, 4),
@@ -263,8 +255,8 @@ def test_the_envs_is_success_decides_what_evaluation_and_the_curriculum_count_as
     assert result.history[-1]["curriculum/pass_rate/all"] == pytest.approx(0.1)
 
 
-def test_zero_grpo_steps_run_the_warm_start_alone_and_report_it_as_final(train_module, tmp_path):
-    result = run(train_module, tmp_path, "num_steps=0", "sft.steps=2", "sft.batch_size=4", SMALL_SQL)
+def test_zero_grpo_steps_run_the_warm_start_alone_and_report_it_as_final(tmp_path):
+    result = run(tmp_path, "num_steps=0", "sft.steps=2", "sft.batch_size=4", SMALL_SQL)
     assert [(p.stage, p.step) for p in result.evals] == [("base", 0), ("sft", 2)]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["final_accuracy"] == summary["grpo_start_accuracy"] == result.evals[1].result.accuracy
@@ -275,11 +267,11 @@ WARM = ["sft.steps=2", "sft.batch_size=4", SMALL_SQL]
 
 
 @pytest.mark.usefixtures("fixed_cpu_threads")
-def test_the_warm_start_saves_step_0_and_a_resume_from_it_goes_on_with_grpo(train_module, tmp_path):
-    straight = run(train_module, tmp_path / "a", "num_steps=2", *WARM)
-    run(train_module, tmp_path / "b", "num_steps=0", *WARM)  # the warm start alone, then a stop
+def test_the_warm_start_saves_step_0_and_a_resume_from_it_goes_on_with_grpo(tmp_path):
+    straight = run(tmp_path / "a", "num_steps=2", *WARM)
+    run(tmp_path / "b", "num_steps=0", *WARM)  # the warm start alone, then a stop
     assert find_latest(tmp_path / "b").name == "step_0"
-    resumed = run(train_module, tmp_path / "b", "num_steps=2", "resume=true", *WARM)
+    resumed = run(tmp_path / "b", "num_steps=2", "resume=true", *WARM)
     assert [p.stage for p in resumed.evals] == ["grpo"] and len(resumed.history) == 2  # no second warm start
     assert [m["policy_loss"] for m in resumed.history] == [m["policy_loss"] for m in straight.history]
     a, b = lora_tensors(straight.parts.model), lora_tensors(resumed.parts.model)
@@ -287,26 +279,24 @@ def test_the_warm_start_saves_step_0_and_a_resume_from_it_goes_on_with_grpo(trai
 
 
 @pytest.mark.usefixtures("fixed_cpu_threads")
-def test_a_new_run_starts_from_another_runs_checkpoint(train_module, tmp_path):
-    warm = run(train_module, tmp_path / "a", "num_steps=0", *WARM)
+def test_a_new_run_starts_from_another_runs_checkpoint(tmp_path):
+    warm = run(tmp_path / "a", "num_steps=0", *WARM)
     step_0 = tmp_path / "a" / "checkpoints" / "step_0"
-    grpo = run(train_module, tmp_path / "b", "num_steps=1", f"checkpoint={step_0}", SMALL_SQL)
+    grpo = run(tmp_path / "b", "num_steps=1", f"checkpoint={step_0}", SMALL_SQL)
     assert [(p.stage, p.step) for p in grpo.evals] == [("checkpoint", 0), ("grpo", 1)]
     # the same adapter: the same replies to the same held-out tasks as the first run's warm start gave
     scored = read_outcomes(tmp_path / "b" / "evals" / "held_out_checkpoint_0.jsonl")
     assert scored == read_outcomes(tmp_path / "a" / "evals" / "held_out_sft_2.jsonl")
     assert grpo.summary["base_accuracy"] is None  # the untouched model was not scored
     assert grpo.summary["grpo_start_accuracy"] == warm.evals[-1].result.accuracy
-    more = run(train_module, tmp_path / "c", "num_steps=0", f"checkpoint={step_0}", *WARM)
+    more = run(tmp_path / "c", "num_steps=0", f"checkpoint={step_0}", *WARM)
     assert [(p.stage, p.step) for p in more.evals] == [("checkpoint", 0), ("sft", 2)]  # a warm start on top
 
 
-def test_a_start_checkpoint_that_is_not_one_stops_the_run_before_the_model_loads(
-    train_module, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(train_module, "build_parts", never_built)
+def test_a_start_checkpoint_that_is_not_one_stops_the_run_before_the_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "build_parts", never_built)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        train_module.train(compose_cfg(tmp_path / "run", f"checkpoint={tmp_path / 'nope'}"))
+        train.train(compose_cfg(tmp_path / "run", f"checkpoint={tmp_path / 'nope'}"))
 
 
 def never_built(*args, **kwargs):
@@ -314,55 +304,51 @@ def never_built(*args, **kwargs):
 
 
 @pytest.mark.parametrize("override", ["prompts_per_step=-1", "algo.group_size=1", "rollout.temperature=nan"])
-def test_a_value_out_of_range_stops_the_run_before_the_model_loads(
-    train_module, tmp_path, monkeypatch, override
-):
-    monkeypatch.setattr(train_module, "build_parts", never_built)
+def test_a_value_out_of_range_stops_the_run_before_the_model_loads(tmp_path, monkeypatch, override):
+    monkeypatch.setattr(train, "build_parts", never_built)
     monkeypatch.setattr(modes, "build_parts", never_built)
     with pytest.raises(ValueError, match=f"config values out of range:\n  {override.split('=')[0]}="):
-        train_module.train(compose_cfg(tmp_path, override))
+        train.train(compose_cfg(tmp_path, override))
     with pytest.raises(ValueError, match="config values out of range"):
         modes.eval_only(compose_cfg(tmp_path, override, "mode=eval"))
 
 
-def test_a_user_error_is_one_line_and_a_bug_keeps_its_traceback(train_module, tmp_path, monkeypatch):
+def test_a_user_error_is_one_line_and_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     cfg = compose_cfg(tmp_path)
 
     def train_raising(error):
-        def train(cfg, dist):
+        def raising(cfg, dist):
             raise error
 
-        return train
+        return raising
 
-    monkeypatch.setattr(
-        train_module, "train", train_raising(ConfigError("algo.beta=-1.0: use a number >= 0"))
-    )
+    monkeypatch.setattr(train, "train", train_raising(ConfigError("algo.beta=-1.0: use a number >= 0")))
     with pytest.raises(SystemExit, match="^error: algo.beta=-1.0: use a number >= 0$"):
-        train_module.main(cfg)
-    monkeypatch.setattr(train_module, "train", train_raising(ValueError("an internal bug")))
+        train.main(cfg)
+    monkeypatch.setattr(train, "train", train_raising(ValueError("an internal bug")))
     with pytest.raises(ValueError, match="an internal bug"):
-        train_module.main(cfg)
+        train.main(cfg)
 
 
-def test_a_run_dir_that_is_a_file_stops_the_run_before_the_model_loads(train_module, tmp_path, monkeypatch):
-    monkeypatch.setattr(train_module, "build_parts", never_built)
+def test_a_run_dir_that_is_a_file_stops_the_run_before_the_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "build_parts", never_built)
     (tmp_path / "run").write_text("")
     with pytest.raises(RunDirError, match="run_dir=.*run cannot be written"):
-        train_module.train(compose_cfg(tmp_path / "run"))
+        train.train(compose_cfg(tmp_path / "run"))
 
 
 def test_a_new_run_into_an_earlier_runs_directory_stops_before_the_model_loads(
-    train_module, tmp_path, monkeypatch, three_steps
+    tmp_path, monkeypatch, three_steps
 ):
     run_dir, _ = three_steps
-    monkeypatch.setattr(train_module, "build_parts", never_built)
+    monkeypatch.setattr(train, "build_parts", never_built)
     with pytest.raises(RunDirError, match="earlier run's checkpoints .the last: step_3"):
-        train_module.train(compose_cfg(run_dir))
+        train.train(compose_cfg(run_dir))
     assert find_latest(run_dir).name == "step_3"
 
 
-def test_resume_without_a_checkpoint_says_so_and_starts_at_step_0(train_module, tmp_path, capsys):
+def test_resume_without_a_checkpoint_says_so_and_starts_at_step_0(tmp_path, capsys):
     parts = types.SimpleNamespace(dist=dp.SINGLE_PROCESS)
     assert resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None) is None
     assert f"resume=true, but {tmp_path} holds no complete checkpoint: training starts at step 0" in (
@@ -379,7 +365,7 @@ def list_tasks():
 VOWEL_PLUGIN.list_tasks = list_tasks
 
 
-def test_a_task_source_returning_a_list_is_one_error_naming_it(train_module, tmp_path):
+def test_a_task_source_returning_a_list_is_one_error_naming_it(tmp_path):
     cfg = compose_cfg(tmp_path, *VOWELS, "env.tasks._target_=e2e_vowel_env.list_tasks")
     with pytest.raises(
         EnvError, match="the task source e2e_vowel_env.list_tasks returned a list; it must return"
@@ -387,9 +373,7 @@ def test_a_task_source_returning_a_list_is_one_error_naming_it(train_module, tmp
         build_parts(cfg)
 
 
-def test_mode_eval_prints_accuracy_with_its_interval_by_family_difficulty_and_schema(
-    train_module, tmp_path, capsys
-):
+def test_mode_eval_prints_accuracy_with_its_interval_by_family_difficulty_and_schema(tmp_path, capsys):
     cfg = compose_cfg(tmp_path, "mode=eval", "env.eval_tasks=6", SMALL_SQL)
     modes.eval_only(cfg)
     out = capsys.readouterr().out
@@ -410,10 +394,10 @@ def bar_frames(err: str) -> dict[str, list[str]]:
     return shown
 
 
-def test_with_progress_on_every_stage_shows_a_bar_from_zero_to_its_total(train_module, tmp_path, capsys):
+def test_with_progress_on_every_stage_shows_a_bar_from_zero_to_its_total(tmp_path, capsys):
     stages = ["num_steps=2", "sft.steps=2", "sft.batch_size=4", SMALL_SQL]
     capsys.readouterr()
-    result = run(train_module, tmp_path / "on", *stages, "logger.progress=true")
+    result = run(tmp_path / "on", *stages, "logger.progress=true")
     shown = bar_frames(capsys.readouterr().err)
     num_demos = len(result.parts.train_tasks)  # every built-in task has its gold query
     totals = {
@@ -427,5 +411,5 @@ def test_with_progress_on_every_stage_shows_a_bar_from_zero_to_its_total(train_m
     for desc, total in totals.items():
         assert f"| 0/{total} [" in shown[desc][0], shown[desc]
         assert "100%|" in shown[desc][-1] and f"| {total}/{total} [" in shown[desc][-1], shown[desc]
-    run(train_module, tmp_path / "off", *stages, "logger.progress=false")
+    run(tmp_path / "off", *stages, "logger.progress=false")
     assert bar_frames(capsys.readouterr().err) == {}

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
+import train
 from envs import EnvError
 from envs.sql.prompts import extract_sql
 from host import cpu_threads
@@ -19,7 +20,7 @@ from rl.job.outcomes import read_outcomes, task_key
 from rl.job.parts import build_parts
 from rl.settings import ConfigError
 from tests.helpers.plugin_envs import DATABASES, PARITY, TRANSFER, other_tasks, sql_tasks
-from tests.helpers.train_runs import SMALL_SQL, compose_cfg, load_train_module
+from tests.helpers.train_runs import SMALL_SQL, compose_cfg
 
 STAGES = [("base", 0), ("sft", 1), ("grpo", 1), ("grpo", 2)]
 
@@ -36,7 +37,6 @@ def metric_records(run_dir) -> list[dict]:
 def runs(tmp_path_factory):
     """The same tiny run with and without a transfer set, at one thread count (so they can match exactly)."""
     register_configs()
-    train = load_train_module()
     out = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu_threads, "_governor", lambda: None)
@@ -174,7 +174,6 @@ def never_built(*args, **kwargs):
 
 
 def test_transfer_spider_without_its_root_stops_before_the_model_loads(tmp_path, monkeypatch):
-    train = load_train_module()
     monkeypatch.setattr(train, "build_parts", never_built)
     with pytest.raises(ConfigError, match=r"transfer.tasks.root=\?\?\?: this setting has no default; set it"):
         train.train(compose_cfg(tmp_path, "transfer=spider"))
