@@ -123,7 +123,7 @@ def supervised_warm_start(
             sampler,
             cfg.sft.steps,
             parts.tokenizer.pad_token_id,
-            cfg.trainer.micro_batch_size,
+            cfg.sft.micro_batch_size or cfg.trainer.micro_batch_size,
             cfg.trainer.max_grad_norm,
             on_step,
         )

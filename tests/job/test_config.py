@@ -205,6 +205,7 @@ def test_every_yaml_holds_values_in_range(compose_train, group, option):
         ("sft.steps=-1", "an integer >= 0"),
         ("sft.batch_size=0", "an integer >= 1"),
         ("sft.lr=-1e-4", "a finite number > 0"),
+        ("sft.micro_batch_size=0", "an integer >= 1, or null for trainer.micro_batch_size"),
         ("curriculum.prior_strength=-1", "a finite number >= 0"),
         ("curriculum.min_attempts=0", "an integer >= 1"),
         ("logger.samples_every=0", "an integer >= 1"),

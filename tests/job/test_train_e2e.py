@@ -13,7 +13,7 @@ import train
 from envs import BaseEnv, EnvError, StepResult
 from rl.algo.advantages import compute_advantages
 from rl.job import distributed as dp
-from rl.job import modes
+from rl.job import modes, stages
 from rl.job.bookkeeping import resume
 from rl.job.checkpoint import RunDirError, find_latest
 from rl.job.data import TaskStream
@@ -22,6 +22,7 @@ from rl.job.loop_metrics import StepTimer
 from rl.job.outcomes import read_outcomes
 from rl.job.parts import build_parts
 from rl.job.play import group_rewards, to_rollout_batch
+from rl.job.sft import warm_start
 from rl.settings import ConfigError
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
@@ -237,6 +238,31 @@ def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tmp
     assert all(math.isfinite(r["sft/nll"]) for r in records if "sft/nll" in r)
     rates = {k: v for k, v in result.history[-1].items() if k.startswith("curriculum/pass_rate/")}
     assert rates and all(0.0 < v < 1.0 for v in rates.values())  # Beta(1, 1) posteriors stay inside
+
+
+@pytest.mark.parametrize("sft_micro, used", [("sft.micro_batch_size=4", 4), ("sft.micro_batch_size=null", 2)])
+def test_the_warm_start_runs_micro_batches_of_sft_micro_batch_size_else_the_trainers(
+    tmp_path, monkeypatch, sft_micro, used
+):
+    seen = []
+
+    def recording(*args):
+        seen.append(
+            args[5]
+        )  # warm_start(model, optimizer, sampler, num_steps, pad_token_id, micro_batch_size...
+        return warm_start(*args)
+
+    monkeypatch.setattr(stages, "warm_start", recording)
+    run(
+        tmp_path,
+        "num_steps=0",
+        "sft.steps=1",
+        "sft.batch_size=4",
+        "trainer.micro_batch_size=2",
+        sft_micro,
+        SMALL_SQL,
+    )
+    assert seen == [used]
 
 
 def test_the_envs_is_success_decides_what_evaluation_and_the_curriculum_count_as_solved(tmp_path):
