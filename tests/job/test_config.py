@@ -59,7 +59,9 @@ def test_long_preset_overrides_the_default_job(compose_train):
     assert long.sft == default.sft and long.curriculum == default.curriculum
 
 
-def test_the_spider_experiment_trains_on_real_questions_with_a_longer_warm_start(compose_train):
+def test_the_spider_experiment_trains_on_real_questions_with_a_longer_warm_start_and_execution_reward(
+    compose_train,
+):
     default = compose_train(["run_dir=/tmp/run"])
     spider = compose_train(["+experiment=spider", "env.tasks.root=/data/spider", "run_dir=/tmp/run"])
     assert dict(spider.env.tasks) == {
@@ -72,7 +74,13 @@ def test_the_spider_experiment_trains_on_real_questions_with_a_longer_warm_start
     assert (spider.rollout.max_tokens, spider.env.eval_tasks) == (128, 400)
     # the SQL recipe's other choices stay
     assert spider.curriculum == default.curriculum and spider.trainer.lr == 5.0e-5
-    assert spider.rollout.temperature == 0.8 and spider.env.args == default.env.args
+    assert spider.rollout.temperature == 0.8
+    # GRPO is paid for execution matches alone: partial credit and the error penalty taught it to drop filters
+    assert (spider.env.args.partial_weight, spider.env.args.error_penalty) == (0.0, 0.0)
+    rest = ("partial_weight", "error_penalty")
+    assert {k: v for k, v in spider.env.args.items() if k not in rest} == {
+        k: v for k, v in default.env.args.items() if k not in rest
+    }
     unset = compose_train(["+experiment=spider", "run_dir=/tmp/run"])
     assert OmegaConf.missing_keys(unset) == {"env.tasks.root"}  # the user's Spider folder is required
 
