@@ -7,11 +7,10 @@ from omegaconf import DictConfig
 
 from rl.job import distributed as dp
 from rl.job.config_checks import check_config
-from rl.job.eval_sets import HELD_OUT, EvalSet
 from rl.job.export import export_checkpoint
 from rl.job.logger import ProgressBars
 from rl.job.parts import build_parts, load_policy_checkpoint, model_settings
-from rl.job.stages import eval_point, run_pass_at_k
+from rl.job.stages import eval_point, held_out_set, run_pass_at_k
 
 
 def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
@@ -31,8 +30,7 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
         if point.transfer is not None:
             print(f"transfer set greedy {success} ({cfg.checkpoint or 'base model'}):")
             print(point.transfer.table())
-    held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
-    for eval_set, greedy in [(held_out, point.result), (parts.transfer, point.transfer)]:
+    for eval_set, greedy in [(held_out_set(parts, cfg), point.result), (parts.transfer, point.transfer)]:
         if cfg.eval.samples and greedy is not None:  # counts: RUN_DIR/evals/<set>_passk_<stage>_<step>
             passk = run_pass_at_k(parts, cfg, eval_set, stage, step, bars)
             if dist.is_main:

@@ -86,16 +86,20 @@ def run_pass_at_k(
     return score_samples(play, eval_set, cfg.eval.samples, parts.dist, cfg.run_dir, stage, step)
 
 
+def held_out_set(parts: Parts, cfg: DictConfig) -> EvalSet:
+    """The env's held-out tasks as an evaluation set, scored by env.eval_labels."""
+    return EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
+
+
 def eval_point(
     parts: Parts, cfg: DictConfig, stage: str, step: int, bars: ProgressBars, transfer: bool = False
 ) -> EvalPoint:
     """The held-out set's evaluation, and with `transfer` the transfer set's too (when there is one)."""
-    held_out = EvalSet(HELD_OUT, parts.test_tasks, cfg.env.eval_labels)
     on_transfer = transfer and parts.transfer is not None
     return EvalPoint(
         stage,
         step,
-        run_eval(parts, cfg, held_out, stage, step, bars),
+        run_eval(parts, cfg, held_out_set(parts, cfg), stage, step, bars),
         run_eval(parts, cfg, parts.transfer, stage, step, bars) if on_transfer else None,
     )
 
