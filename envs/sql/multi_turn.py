@@ -13,7 +13,7 @@ from typing import Any
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
 from envs.sql.grading import ExecutionMatchEnv, check_reward_args, grade_completion, sql_rewards
-from envs.sql.prompts import format_result, task_messages
+from envs.sql.prompts import check_schema_style, format_result, task_messages
 from envs.sql.sandbox import execute
 
 MULTI_TURN_INSTRUCTIONS = (
@@ -85,6 +85,7 @@ class SqlMultiTurnEnv(ExecutionMatchEnv):
         error_penalty: float = 0.1,
         timeout_s: float = 2.0,
         sample_rows: int = 0,
+        schema_style: str = "ddl",
         observation_max_rows: int = 10,
         observation_max_chars: int = 1000,
         partial_weight: float = 0.0,
@@ -93,12 +94,14 @@ class SqlMultiTurnEnv(ExecutionMatchEnv):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         check_reward_args(no_sql_penalty, error_penalty, partial_weight)
+        check_schema_style(schema_style)
         self.max_turns = max_turns
         self.rewards: WeightedRewards = sql_rewards(
             no_sql_penalty, error_penalty, 0.0, timeout_s, partial_weight
         )
         self.timeout_s = timeout_s
         self.sample_rows = sample_rows
+        self.schema_style = schema_style
         self.observation_max_rows = observation_max_rows
         self.observation_max_chars = observation_max_chars
         self.response_prefix = response_prefix
@@ -111,4 +114,6 @@ class SqlMultiTurnEnv(ExecutionMatchEnv):
     def start(self, task: Mapping[str, Any]) -> SqlMultiTurnEpisode:
         """Open an episode; the instructions state the tags and the turn budget."""
         instructions = MULTI_TURN_INSTRUCTIONS.format(max_turns=self.max_turns)
-        return SqlMultiTurnEpisode(task, task_messages(task, instructions, self.sample_rows), self)
+        return SqlMultiTurnEpisode(
+            task, task_messages(task, instructions, self.sample_rows, self.schema_style), self
+        )

@@ -62,9 +62,57 @@ def _quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+SCHEMA_STYLES = ("ddl", "compact")
+
+
+def check_schema_style(schema_style: Any) -> None:
+    """Refuse a schema style the SQL envs cannot render."""
+    if schema_style not in SCHEMA_STYLES:
+        raise ValueError(
+            f"schema_style={schema_style!r} is not a schema style: use one of {list(SCHEMA_STYLES)}"
+        )
+
+
+def _compact_type(declared: str) -> str:
+    """A column's declared type as the kind a query cares about: text, number or date (else as declared)."""
+    kind = declared.lower()
+    if any(word in kind for word in ("date", "time", "year")):
+        return "date"
+    if any(word in kind for word in ("char", "text", "clob", "string")):
+        return "text"
+    if any(word in kind for word in ("int", "real", "num", "float", "double", "dec", "bool", "money")):
+        return "number"
+    return kind
+
+
+def _compact_table(db_path: str, name: str) -> str:
+    """One line for a table: ``Name(column type [pk] [-> Table.column], ...)``."""
+    literal = "'" + name.replace("'", "''") + "'"
+    columns = execute(db_path, f"SELECT name, type, pk FROM pragma_table_info({literal})")
+    keys = execute(db_path, f'SELECT "from", "table", "to" FROM pragma_foreign_key_list({literal})')
+    if not columns.ok or not keys.ok:
+        raise ValueError(f"cannot read the columns of {name} in {db_path}: {columns.error or keys.error}")
+    references = {source: f"{target}.{column}" if column else target for source, target, column in keys.rows}
+    parts = []
+    for column, declared, pk in columns.rows:
+        part = f"{column} {_compact_type(declared)}".rstrip()
+        if pk:
+            part += " pk"
+        if column in references:
+            part += f" -> {references[column]}"
+        parts.append(part)
+    return f"{name}({', '.join(parts)})"
+
+
 @lru_cache(maxsize=256)
-def render_schema(db_path: str, sample_rows: int = 0) -> str:
-    """CREATE TABLE statements of every table, each optionally followed by a few sample rows in a comment."""
+def render_schema(db_path: str, sample_rows: int = 0, style: str = "ddl") -> str:
+    """Every table of the database, each optionally followed by a few sample rows in a comment.
+
+    ``ddl``: its CREATE TABLE statement as the database holds it. ``compact``: one line a table, each column
+    with its kind (text, number, date), ``pk`` on primary-key columns and ``-> Table.column`` on foreign keys;
+    about 2.5x fewer tokens than Spider's CREATE statements, whose padding and constraint clauses repeat what
+    the line says once.
+    """
     tables = execute(
         db_path,
         "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
@@ -74,13 +122,13 @@ def render_schema(db_path: str, sample_rows: int = 0) -> str:
         raise ValueError(f"cannot read the schema of {db_path}: {tables.error}")
     parts = []
     for name, ddl in tables.rows:
-        parts.append(ddl.strip() + ";")
+        parts.append(ddl.strip() + ";" if style == "ddl" else _compact_table(db_path, name))
         if sample_rows > 0:
             sample = execute(db_path, f"SELECT * FROM {_quote_identifier(name)} LIMIT {int(sample_rows)}")
             if sample.ok and sample.rows:
                 lines = [" | ".join(sample.columns)] + [" | ".join(map(str, row)) for row in sample.rows]
                 parts.append(f"/* {len(sample.rows)} sample rows from {name}:\n" + "\n".join(lines) + "\n*/")
-    return "\n\n".join(parts)
+    return ("\n\n" if style == "ddl" else "\n").join(parts)
 
 
 def sql_messages(schema: str, question: str, instructions: str, evidence: str = "") -> list[dict[str, str]]:
@@ -130,11 +178,13 @@ def check_sql_task(task: Mapping[str, Any]) -> None:
         )
 
 
-def task_messages(task: Mapping[str, Any], instructions: str, sample_rows: int = 0) -> list[dict[str, str]]:
-    """Chat messages for a task row (checked by ``check_sql_task``); the schema is rendered again from the
-    database to add sample rows."""
+def task_messages(
+    task: Mapping[str, Any], instructions: str, sample_rows: int = 0, schema_style: str = "ddl"
+) -> list[dict[str, str]]:
+    """Chat messages for a task row (checked by ``check_sql_task``). Its ``schema`` text serves the ``ddl``
+    style without sample rows; otherwise the schema is rendered from the database in ``schema_style``."""
     check_sql_task(task)
-    schema = task.get("schema") if sample_rows == 0 else None
+    schema = task.get("schema") if sample_rows == 0 and schema_style == "ddl" else None
     if not schema:
-        schema = render_schema(task["db_path"], sample_rows)
+        schema = render_schema(task["db_path"], sample_rows, schema_style)
     return sql_messages(schema, task["question"], instructions, task.get("evidence") or "")

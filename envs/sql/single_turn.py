@@ -8,7 +8,7 @@ from typing import Any
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
 from envs.sql.grading import ExecutionMatchEnv, check_reward_args, grade_completion, sql_rewards
-from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, task_messages
+from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, check_schema_style, task_messages
 
 
 class SqlEpisode:
@@ -52,14 +52,17 @@ class SqlEnv(ExecutionMatchEnv):
         format_weight: float = 0.0,
         timeout_s: float = 2.0,
         sample_rows: int = 0,
+        schema_style: str = "ddl",
         instructions: str = SINGLE_TURN_INSTRUCTIONS,
         partial_weight: float = 0.0,
         response_prefix: str = "",
     ) -> None:
         check_reward_args(no_sql_penalty, error_penalty, partial_weight)
+        check_schema_style(schema_style)
         self.rewards = sql_rewards(no_sql_penalty, error_penalty, format_weight, timeout_s, partial_weight)
         self.timeout_s = timeout_s
         self.sample_rows = sample_rows
+        self.schema_style = schema_style
         self.instructions = instructions
         self.response_prefix = response_prefix
         # Generation ends at the closing fence of the ```sql block: nothing after it is graded. When the
@@ -72,5 +75,5 @@ class SqlEnv(ExecutionMatchEnv):
 
     def start(self, task: Mapping[str, Any]) -> SqlEpisode:
         """Open an episode whose messages hold the schema and the question."""
-        messages = task_messages(task, self.instructions, self.sample_rows)
+        messages = task_messages(task, self.instructions, self.sample_rows, self.schema_style)
         return SqlEpisode(task, messages, self.rewards, self.timeout_s)

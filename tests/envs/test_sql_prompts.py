@@ -1,9 +1,11 @@
 """SQL extraction from messy model outputs, schema rendering and result observations."""
 
+import sqlite3
+
 import pytest
 
-from envs.sql import QueryResult, extract_sql, render_schema
-from envs.sql.prompts import format_result, sql_messages
+from envs.sql import QueryResult, SqlEnv, extract_sql, render_schema
+from envs.sql.prompts import format_result, sql_messages, task_messages
 
 OUTPUTS = [
     ("fenced", "```sql\nSELECT name FROM emp;\n```", "SELECT name FROM emp"),
@@ -54,6 +56,62 @@ def test_render_schema_lists_tables_and_sample_rows(staff_db):
         "/* 2 sample rows from emp:\nid | name | dept | salary | bonus\n1 | Ann | Sales | 50000.0 | 500.0"
         in sampled
     )
+
+
+@pytest.fixture(scope="module")
+def keyed_db(tmp_path_factory) -> str:
+    """Two tables with a composite primary key, a composite foreign key, a foreign key to an implicit
+    primary key, quoted names and Spider's declared types."""
+    path = tmp_path_factory.mktemp("keyed") / "keyed.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            """
+            CREATE TABLE "Course Info" (
+                course_id   VARCHAR(8),
+                "Year"      numeric(4,0),
+                title       TEXT,
+                credits     REAL,
+                PRIMARY KEY (course_id, "Year")
+            );
+            CREATE TABLE enrol (
+                stu_id      INTEGER PRIMARY KEY,
+                course_id   VARCHAR(8),
+                yr          numeric(4,0),
+                enrolled_on DATETIME,
+                grade,
+                mentor      INTEGER REFERENCES enrol,
+                FOREIGN KEY (course_id, yr) REFERENCES "Course Info"(course_id, "Year")
+            );
+            INSERT INTO enrol VALUES (7, 'CS101', 2020, '2020-09-01', 'A', NULL);
+            """
+        )
+    conn.close()
+    return str(path)
+
+
+def test_compact_schema_is_one_line_a_table_with_kinds_and_keys(keyed_db):
+    assert render_schema(keyed_db, style="compact") == (
+        "Course Info(course_id text pk, Year number pk, title text, credits number)\n"
+        "enrol(stu_id number pk, course_id text -> Course Info.course_id, yr number -> Course Info.Year, "
+        "enrolled_on date, grade, mentor number -> enrol)"
+    )
+    assert render_schema(keyed_db, sample_rows=1, style="compact").endswith(
+        "enrol(stu_id number pk, course_id text -> Course Info.course_id, yr number -> Course Info.Year, "
+        "enrolled_on date, grade, mentor number -> enrol)\n"
+        "/* 1 sample rows from enrol:\nstu_id | course_id | yr | enrolled_on | grade | mentor\n"
+        "7 | CS101 | 2020 | 2020-09-01 | A | None\n*/"
+    )
+
+
+def test_task_messages_render_the_schema_style_from_the_database(keyed_db):
+    task = {"question": "Who?", "db_path": keyed_db, "gold_sql": "SELECT 1", "schema": "the row's own text"}
+    assert "the row's own text" in task_messages(task, "Be precise.")[1]["content"]
+    compact = task_messages(task, "Be precise.", schema_style="compact")[1]["content"]
+    assert (
+        compact.startswith("Database schema:\nCourse Info(course_id text pk,") and "row's own" not in compact
+    )
+    with pytest.raises(ValueError, match=r"schema_style='yaml' is not a schema style: use one of \['ddl'"):
+        SqlEnv(schema_style="yaml")
 
 
 def test_messages_hold_schema_question_and_evidence():
