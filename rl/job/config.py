@@ -101,6 +101,9 @@ class AlgoConfig(LossConfig):
     estimator: Estimator = Estimator.grpo
     scale: AdvantageScale = AdvantageScale.group
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
+    guidance: bool = (
+        False  # LUFFY: a group that all failed trains on the env's demonstration (rl.job.guidance)
+    )
 
 
 @dataclass

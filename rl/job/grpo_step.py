@@ -15,6 +15,7 @@ from rl.job import distributed as dp
 from rl.job.curriculum import Curriculum
 from rl.job.data import TaskStream
 from rl.job.evaluate import succeeded
+from rl.job.guidance import guide_failed_groups
 from rl.job.loop_metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
 from rl.job.parts import Parts, grpo_version
 from rl.job.play import group_rewards, play_groups, to_rollout_batch
@@ -67,7 +68,8 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
     """Play prompts_per_step GRPO groups. With DAPO dynamic sampling, groups whose rewards are all equal carry
     no advantage signal: they are dropped and fresh prompts replace them (up to DYNAMIC_SAMPLING_ROUNDS
     rounds; when none is kept, the last round's groups are used). A curriculum hears every played group's
-    successes (from all ranks)."""
+    successes (from all ranks), before algo.guidance puts demonstrations in the groups that all failed
+    (rl.job.guidance), which dynamic sampling then keeps."""
 
     def timed_env_step(episodes, actions):
         with timer("env"):
@@ -92,6 +94,18 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
                 for task, g in zip(tasks, played, strict=True)
             ]
             stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
+        if cfg.algo.guidance:
+            played = guide_failed_groups(
+                parts.env,
+                parts.tokenizer,
+                parts.train_model,
+                played,
+                tasks,
+                micro_batch_size=cfg.trainer.micro_batch_size,
+                temperature=cfg.rollout.temperature,
+                max_completion_tokens=cfg.rollout.max_completion_tokens,
+                timeout_s=cfg.env.step_timeout_s,
+            )
         if cfg.algo.dynamic_sampling and played:
             keep = filter_zero_std_groups(group_rewards(played)).tolist()
             kept += [group for group, differs in zip(played, keep, strict=True) if differs]

@@ -27,6 +27,7 @@ RANK_REDUCERS = {
     "rollout/prefix_cache_hits": sum,
     "env/errors": sum,
     "env/timeouts": sum,
+    "guidance/demonstrations": sum,
     "num_tokens": sum,
     "num_skipped_steps": max,
     "num_rows_skipped": sum,
@@ -69,7 +70,8 @@ class StepTimer:
 
 def reward_metrics(trajectories: Sequence[Sequence[Trajectory]], rewards: torch.Tensor) -> dict[str, float]:
     """reward, rewards/<component>, reward_std, frac_reward_zero_std and env failure counts: env/errors
-    (episodes a plugin failed: it raised, hung or gave a bad reward) and env/timeouts (those that hung)."""
+    (episodes a plugin failed: it raised, hung or gave a bad reward) and env/timeouts (those that hung).
+    guidance/demonstrations counts the groups' demonstrations (algo.guidance), which the rewards include."""
     stats = reward_stats(rewards)
     flat = [t for group in trajectories for t in group]
     out = {
@@ -79,6 +81,7 @@ def reward_metrics(trajectories: Sequence[Sequence[Trajectory]], rewards: torch.
         "env/errors": float(sum(t.error is not None for t in flat)),
         "env/timeouts": float(sum(t.timed_out for t in flat)),
         "env/mean_turns": sum(t.num_turns for t in flat) / len(flat),
+        "guidance/demonstrations": float(sum(t.demonstration for t in flat)),
     }
     for name in sorted({name for t in flat for name in t.rewards}):
         out[f"rewards/{name}"] = sum(t.rewards.get(name, 0.0) for t in flat) / len(flat)

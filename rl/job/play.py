@@ -37,6 +37,7 @@ class Trajectory:
     error: str | None = None  # the env plugin's failure (an exception, a bad reward, a timeout)
     timed_out: bool = False  # the plugin's step ran past its time limit
     text: str = ""
+    demonstration: bool = False  # the env's ideal reply put in the group (rl.job.guidance), not sampled
 
     def append(self, token_ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
         self.completion_ids.extend(token_ids)
@@ -91,7 +92,7 @@ def play_groups(
         prefix = response_prefix if turn == 1 else ""
         actions = [prefix + tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
         for traj, step in zip(trajs, step_fn(episodes, actions), strict=True):
-            _record_step(traj, step, tokenizer, max_completion_tokens)
+            record_step(traj, step, tokenizer, max_completion_tokens)
         still = [(key, t) for key, t, e in zip(active, trajs, episodes, strict=True) if _continues(t, e)]
         continuing = {key for key, _ in still}
         countdown.ended(key for key in active if key not in continuing)
@@ -142,7 +143,8 @@ class GroupCountdown:
             self.on_done(num_done)
 
 
-def _record_step(traj: Trajectory, step: Any, tokenizer: Any, max_completion_tokens: int) -> None:
+def record_step(traj: Trajectory, step: Any, tokenizer: Any, max_completion_tokens: int) -> None:
+    """Add an env step's reward, info and observation tokens to the episode; end it when done or full."""
     traj.reward += step.reward
     for name, value in step.rewards.items():
         traj.rewards[name] = traj.rewards.get(name, 0.0) + value

@@ -39,6 +39,14 @@ class Demonstration:
     group: str  # rows of one group share their prompt prefix
 
 
+def demonstration_ids(text: str | None, response_prefix: str, tokenizer: Any) -> list[int] | None:
+    """The tokens of a demonstration after the env's response prefix (which ends the prompt), or None when
+    the demonstration is missing, does not start with the prefix, or adds nothing after it."""
+    if not text or not text.startswith(response_prefix) or len(text) == len(response_prefix):
+        return None
+    return tokenizer.encode(text[len(response_prefix) :], add_special_tokens=False)
+
+
 def demonstrations(
     env: Env, tasks: Sequence[Mapping[str, Any]], tokenizer: Any, group_by: str | None = None
 ) -> list[Demonstration]:
@@ -54,10 +62,10 @@ def demonstrations(
     prefix = env.response_prefix
     demos = []
     for task, text in offered:
-        if not text or not text.startswith(prefix) or len(text) == len(prefix):
+        completion = demonstration_ids(text, prefix, tokenizer)
+        if completion is None:
             continue
         prompt = prompt_token_ids(tokenizer, env.start(task).messages, prefix)
-        completion = tokenizer.encode(text[len(prefix) :], add_special_tokens=False)
         group = str(task.get(group_by, "")) if group_by else ""
         demos.append(Demonstration(prompt, completion, group))
     if not demos:

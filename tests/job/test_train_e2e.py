@@ -221,6 +221,16 @@ def test_multi_turn_masks_observation_tokens_out_of_the_loss(tmp_path):
         assert obs_text == "" or "<observation>" in obs_text
 
 
+def test_guidance_puts_a_demonstration_in_every_group_a_random_model_fails(tmp_path):
+    result = run(tmp_path, "num_steps=1", "algo.guidance=true", SMALL_SQL)
+    assert result.history[0]["guidance/demonstrations"] == 2.0  # prompts_per_step, none solved
+    cfg = compose_cfg(tmp_path, "algo.guidance=true", SMALL_SQL)
+    groups = collect_groups(result.parts, cfg, TaskStream(result.parts.train_tasks, seed=1), 9, StepTimer())
+    for group in groups:
+        assert [t.demonstration for t in group] == [False] * (len(group) - 1) + [True]
+        assert [t.reward > 0.5 for t in group] == [False] * (len(group) - 1) + [True]
+
+
 def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tmp_path):
     result = run(
         tmp_path, "num_steps=2", "sft.steps=3", "sft.batch_size=4", "curriculum.enabled=true",
