@@ -70,14 +70,16 @@ def test_the_spider_experiment_trains_on_real_questions_with_a_longer_warm_start
         "test_fraction": 0.1,
         "split_seed": 0,
     }
-    assert (spider.sft.steps, spider.num_steps, spider.eval_every) == (100, 20, 0)
+    assert (spider.sft.steps, spider.num_steps, spider.eval_every) == (200, 20, 0)
     assert (spider.rollout.max_tokens, spider.env.eval_tasks) == (128, 400)
     # the SQL recipe's other choices stay
     assert spider.curriculum == default.curriculum and spider.trainer.lr == 5.0e-5
     assert spider.rollout.temperature == 0.8
     # GRPO is paid for execution matches alone: partial credit and the error penalty taught it to drop filters
     assert (spider.env.args.partial_weight, spider.env.args.error_penalty) == (0.0, 0.0)
-    rest = ("partial_weight", "error_penalty")
+    # real schemas are shown compact (one line a table), the built-in ones as CREATE statements
+    assert (spider.env.args.schema_style, default.env.args.schema_style) == ("compact", "ddl")
+    rest = ("partial_weight", "error_penalty", "schema_style")
     assert {k: v for k, v in spider.env.args.items() if k not in rest} == {
         k: v for k, v in default.env.args.items() if k not in rest
     }
