@@ -17,7 +17,7 @@ from envs.sql import SqlEnv
 from envs.stepping import NUM_WORKERS
 from rl.job.evaluate import succeeded
 from rl.job.loop_metrics import reward_metrics
-from rl.job.play import Trajectory, _record_step
+from rl.job.play import Trajectory, record_step
 from tests.helpers.ctrl_c import popen_interruptible
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def test_failures_are_counted_and_never_succeed():
     )
     trajectories = [Trajectory(prompt_ids=[1]) for _ in results]
     for traj, result in zip(trajectories, results, strict=True):
-        _record_step(traj, result, tokenizer=None, max_completion_tokens=10)
+        record_step(traj, result, tokenizer=None, max_completion_tokens=10)
     metrics = reward_metrics([trajectories], rewards=torch.tensor([[0.0, 0.0, 1.0]]))
     assert (metrics["env/errors"], metrics["env/timeouts"]) == (2.0, 1.0)
     assert [succeeded(FixedEnv(), t) for t in trajectories] == [False, False, True]
