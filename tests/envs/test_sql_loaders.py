@@ -264,7 +264,8 @@ def test_env_configs_run_the_sql_env_on_their_task_source(tmp_path, option, make
         cfg = compose("train", overrides=[f"env={option}", f"env.tasks.root={root}", "run_dir=/tmp/run"])
         sql = compose("train", overrides=["env=sql", "run_dir=/tmp/run"])
         missing = compose("train", overrides=[f"env={option}", "run_dir=/tmp/run"])
-    assert cfg.env.name == "sql" and cfg.env.args == sql.env.args
+    # the built-in env's arguments, with real schemas shown compact (one line a table)
+    assert cfg.env.name == "sql" and cfg.env.args == {**sql.env.args, "schema_style": "compact"}
     assert (
         list(cfg.env.eval_labels) == ["family", "difficulty", "db_id"]
         and cfg.env.shared_prompt_key == "db_id"
