@@ -101,9 +101,7 @@ class AlgoConfig(LossConfig):
     estimator: Estimator = Estimator.grpo
     scale: AdvantageScale = AdvantageScale.group
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
-    guidance: bool = (
-        False  # LUFFY: a group that all failed trains on the env's demonstration (rl.job.guidance)
-    )
+    guidance: bool = False  # LUFFY: a group that all failed learns a demonstration (rl.job.guidance)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from envs.sql.generator import generate_sql_tasks
 from envs.sql.single_turn import SqlEnv
 from rl.job.guidance import guide_failed_groups
 from rl.job.model_loading import load_model
-from rl.job.play import Trajectory, prompt_token_ids
+from rl.job.play import Trajectory, prompt_token_ids, record_step
 from rl.sync.adapter import add_lora
 
 PREFIX = "```sql\nSELECT"
@@ -36,8 +36,7 @@ def played(env, tokenizer, task, replies):
         traj = Trajectory(list(prompt), num_turns=1, text=PREFIX + reply)
         ids = tokenizer.encode(reply, add_special_tokens=False)
         traj.append(ids, [-1.0] * len(ids))
-        step = env.start(task).step(PREFIX + reply)
-        traj.reward, traj.rewards, traj.info, traj.done = step.reward, step.rewards, step.info, True
+        record_step(traj, env.start(task).step(PREFIX + reply), tokenizer, max_completion_tokens=256)
         group.append(traj)
     return group
 
