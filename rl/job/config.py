@@ -154,6 +154,7 @@ class SftConfig(Settings):
         ("steps", at_least(0), "use an integer >= 0 (0: no warm start)"),
         ("batch_size", at_least(1), "use an integer >= 1"),
         LR_RULE,
+        WARMUP_STEPS_RULE,
         (
             "micro_batch_size",
             optional(at_least(1)),
@@ -164,6 +165,8 @@ class SftConfig(Settings):
     steps: int = 0  # 0: no warm start
     batch_size: int = 16
     lr: float = 2e-4
+    lr_schedule: Schedule = Schedule.constant  # cosine: from lr down to 0 at the last warm-start step
+    warmup_steps: int = 0
     # rows per forward and backward; null: trainer.micro_batch_size. Rows of one micro-batch that start with
     # the same prompt run it once (rl.algo.logprobs), so where a batch shares its prompt's schema
     # (env.shared_prompt_key) one micro-batch of the whole batch runs that schema once, not once per part

@@ -28,6 +28,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
         for key in _missing_keys(OmegaConf.to_container(cfg, resolve=False))
     ]
     problems += _transfer_problems(cfg.transfer)
+    problems += _schedule_problems(cfg)
     if cfg.algo.group_size > cfg.rollout.max_num_seqs:
         problems.append(
             f"algo.group_size={cfg.algo.group_size!r}: use at most rollout.max_num_seqs="
@@ -61,6 +62,22 @@ def _transfer_problems(transfer: DictConfig) -> list[str]:
         "transfer.tasks has no _target_: choose a transfer set (transfer=spider) or set "
         "transfer.tasks._target_ to a function returning a DatasetDict(train, test)"
     ]
+
+
+def _schedule_problems(cfg: DictConfig) -> list[str]:
+    """A cosine schedule decays over the steps after its warmup, so it needs some."""
+    problems = []
+    for group, steps, steps_key in (
+        ("trainer", cfg.num_steps * cfg.algo.num_iterations, "num_steps x algo.num_iterations"),
+        ("sft", cfg.sft.steps, "sft.steps"),
+    ):
+        warmup = cfg[group].warmup_steps
+        if cfg[group].lr_schedule.value == "cosine" and 0 < steps <= warmup:
+            problems.append(
+                f"{group}.warmup_steps={warmup}: a cosine schedule decays after its warmup, but {steps_key} "
+                f"gives {steps} steps in all; use fewer warmup steps or {group}.lr_schedule=constant"
+            )
+    return problems
 
 
 def check_plugin_choice(env: DictConfig) -> None:

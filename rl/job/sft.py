@@ -100,8 +100,10 @@ def sft_step(
     pad_token_id: int,
     micro_batch_size: int = 8,
     max_grad_norm: float | None = 1.0,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> dict[str, float]:
-    """One optimizer step on the per-sequence mean NLL of ``demos``; returns its metrics."""
+    """One optimizer step on the per-sequence mean NLL of ``demos`` (then one of ``scheduler``, when given);
+    returns its metrics."""
     batch = collate_rollouts(
         prompt_ids=[d.prompt_ids for d in demos],
         completion_ids=[d.completion_ids for d in demos],
@@ -115,7 +117,7 @@ def sft_step(
         model, batch, NLL, micro_batch_size=micro_batch_size, record_logprobs=logprobs
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    stepped, grad_norm, lr = optimizer_step(optimizer, None, params, max_grad_norm, stats.loss)
+    stepped, grad_norm, lr = optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
     mask = batch.loss_mask.to(logprobs.device)
     per_sequence = (logprobs * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
     return {
@@ -136,12 +138,13 @@ def warm_start(
     micro_batch_size: int,
     max_grad_norm: float | None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> list[dict[str, float]]:
     """``num_steps`` supervised steps; ``on_step(step, metrics)`` sees each (1-based) as it ends."""
     history = []
     for step in range(1, num_steps + 1):
         metrics = sft_step(
-            model, optimizer, sampler.next_batch(), pad_token_id, micro_batch_size, max_grad_norm
+            model, optimizer, sampler.next_batch(), pad_token_id, micro_batch_size, max_grad_norm, scheduler
         )
         history.append(metrics)
         if on_step is not None:

@@ -9,7 +9,7 @@ from functools import partial
 from omegaconf import DictConfig
 
 from envs import start_episodes, step_episodes
-from rl.algo.optim import build_optimizer
+from rl.algo.optim import build_lr_scheduler, build_optimizer
 from rl.job import distributed as dp
 from rl.job.eval_sets import HELD_OUT, EvalSet, score_eval_set, score_samples
 from rl.job.evaluate import EvalResult, play_eval
@@ -113,6 +113,9 @@ def supervised_warm_start(
     demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
     sampler = DemoSampler(demos, cfg.sft.batch_size, seed=cfg.seed + 1_000_003 * parts.dist.rank)
     optimizer = build_optimizer(parts.model, cfg.sft.lr, weight_decay=cfg.trainer.weight_decay)
+    scheduler = build_lr_scheduler(
+        optimizer, cfg.sft.lr_schedule.value, cfg.sft.warmup_steps, num_training_steps=cfg.sft.steps
+    )
     with bars.bar(f"warm start on {len(demos)} demonstrations", cfg.sft.steps, "step") as bar:
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -130,6 +133,7 @@ def supervised_warm_start(
             cfg.sft.micro_batch_size or cfg.trainer.micro_batch_size,
             cfg.trainer.max_grad_norm,
             on_step,
+            scheduler,
         )
     dp.check_replicas(lora_tensors(parts.model), parts.dist)
     parts.engine.update_lora(lora_tensors(parts.model), version=WARM_START_VERSION)

@@ -244,6 +244,32 @@ def test_every_bad_value_is_named_in_one_message(compose_train):
     ]
 
 
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (
+            ["sft.steps=4", "sft.lr_schedule=cosine", "sft.warmup_steps=4"],
+            "sft.warmup_steps=4: a cosine schedule decays after its warmup, but sft.steps gives 4 steps in "
+            "all; use fewer warmup steps or sft.lr_schedule=constant",
+        ),
+        (
+            ["num_steps=3", "algo.num_iterations=2", "trainer.lr_schedule=cosine", "trainer.warmup_steps=7"],
+            "trainer.warmup_steps=7: a cosine schedule decays after its warmup, but num_steps x "
+            "algo.num_iterations gives 6 steps in all; use fewer warmup steps or "
+            "trainer.lr_schedule=constant",
+        ),
+    ],
+)
+def test_a_cosine_schedule_with_no_steps_after_its_warmup_is_refused_before_the_model_loads(
+    compose_train, overrides, line
+):
+    cfg = compose_train([*overrides, "run_dir=/tmp/run"])
+    with pytest.raises(ValueError) as err:
+        check_config(cfg)
+    assert str(err.value).splitlines()[1:] == [f"  {line}"]
+    check_config(compose_train([*overrides[:-1], "run_dir=/tmp/run"]))  # no warmup: it decays from the start
+
+
 def sgd():
     return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
 

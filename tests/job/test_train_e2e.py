@@ -275,6 +275,29 @@ def test_the_warm_start_runs_micro_batches_of_sft_micro_batch_size_else_the_trai
     assert seen == [used]
 
 
+def test_the_warm_starts_cosine_schedule_warms_up_then_decays_to_zero_at_its_last_step(tmp_path, monkeypatch):
+    histories = []
+
+    def recording(*args):
+        histories.append(warm_start(*args))
+        return histories[-1]
+
+    monkeypatch.setattr(stages, "warm_start", recording)
+    run(
+        tmp_path,
+        "num_steps=0",
+        "sft.steps=5",
+        "sft.batch_size=2",
+        "sft.lr=0.001",
+        "sft.lr_schedule=cosine",
+        "sft.warmup_steps=1",
+        SMALL_SQL,
+    )
+    # the LR each step took, by hand: 0 at step 0 (warmup), then 0.5 (1 + cos(pi k / 4)) for k = 0 .. 3
+    lrs = [m["sft/lr"] for m in histories[0]]
+    assert lrs == pytest.approx([0.0, 1e-3, 8.5355e-4, 5e-4, 1.4645e-4], rel=1e-4)
+
+
 def test_the_envs_is_success_decides_what_evaluation_and_the_curriculum_count_as_solved(tmp_path):
     env = [
         "env=plugin",
