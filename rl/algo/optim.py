@@ -51,6 +51,12 @@ def lr_factor(
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def lacks_decay(schedule: str, warmup_steps: int, num_training_steps: int | None) -> bool:
+    """A cosine schedule with steps to take but none after its warmup (None: the length is unknown). With no
+    steps at all (an SFT-only control's GRPO stage) there is nothing to schedule."""
+    return schedule == "cosine" and (num_training_steps is None or 0 < num_training_steps <= warmup_steps)
+
+
 def build_lr_scheduler(
     optimizer: torch.optim.Optimizer,
     schedule: str = "constant",
@@ -62,7 +68,7 @@ def build_lr_scheduler(
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown LR schedule {schedule!r}; choose one of {SCHEDULES}")
     check_args((WARMUP_STEPS_RULE, MIN_LR_RATIO_RULE), warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio)
-    if schedule == "cosine" and (num_training_steps is None or num_training_steps <= warmup_steps):
+    if lacks_decay(schedule, warmup_steps, num_training_steps):
         raise ConfigError(
             f"the cosine schedule needs num_training_steps > warmup_steps ({warmup_steps}), "
             f"got {num_training_steps}; pass the total number of optimizer steps"

@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from envs import plugin_env_config
+from rl.algo.optim import lacks_decay
 from rl.job.config import TrainConfig
 from rl.job.model_loading import resolve_device
 from rl.settings import ConfigError
@@ -72,7 +73,7 @@ def _schedule_problems(cfg: DictConfig) -> list[str]:
         ("sft", cfg.sft.steps, "sft.steps"),
     ):
         warmup = cfg[group].warmup_steps
-        if cfg[group].lr_schedule.value == "cosine" and 0 < steps <= warmup:
+        if lacks_decay(cfg[group].lr_schedule.value, warmup, steps):
             problems.append(
                 f"{group}.warmup_steps={warmup}: a cosine schedule decays after its warmup, but {steps_key} "
                 f"gives {steps} steps in all; use fewer warmup steps or {group}.lr_schedule=constant"

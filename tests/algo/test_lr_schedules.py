@@ -39,6 +39,13 @@ def test_cosine_floor():
     assert lrs == pytest.approx([2.0, 2.0 * (0.1 + 0.9 * 0.5), 0.2, 0.2])
 
 
+def test_a_cosine_schedule_of_no_steps_builds_at_the_base_lr():
+    # an SFT-only control (num_steps=0) of a cosine recipe builds the GRPO scheduler and never steps it
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    build_lr_scheduler(optimizer, "cosine", warmup_steps=0, num_training_steps=0)
+    assert optimizer.param_groups[0]["lr"] == 0.5
+
+
 def test_bad_schedules_are_named():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match="unknown LR schedule"):

@@ -270,6 +270,10 @@ def test_a_cosine_schedule_with_no_steps_after_its_warmup_is_refused_before_the_
     check_config(compose_train([*overrides[:-1], "run_dir=/tmp/run"]))  # no warmup: it decays from the start
 
 
+def test_an_sft_only_control_of_a_cosine_recipe_is_accepted(compose_train):
+    check_config(compose_train(["+experiment=sql_long", "num_steps=0", "run_dir=/tmp/run"]))
+
+
 def sgd():
     return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
 
