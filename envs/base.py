@@ -38,7 +38,9 @@ class StepResult:
 
 @runtime_checkable
 class Episode(Protocol):
-    """One play-through of one task."""
+    """One play-through of one task. An episode may also carry a ``constraint``: an object whose
+    ``accepts(text, start)`` the engine asks about each token of the first reply, sampling again without
+    the tokens it refuses (``rollout_engine.constraints``; the SQL envs use ``envs.sql.names``)."""
 
     messages: list[Message]
     max_turns: int

@@ -18,6 +18,7 @@ from host.cpu_threads import adapt_cpu_threads
 from pagedrl_kernels.backend import HAS_TRITON
 from pagedrl_kernels.cpu_gemm import packed_weight_bytes
 from rollout_engine.block_manager import BlockManager
+from rollout_engine.constraints import ConstraintStats, constrain_rows
 from rollout_engine.kv_pool import commits_on_write
 from rollout_engine.lora import LoraAdapter
 from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
@@ -117,6 +118,7 @@ class LLMEngine:
         self.num_prefill_tokens = 0
         self.num_generated_tokens = 0
         self.num_blocks_saved_by_sharing = 0
+        self.constraint_stats = ConstraintStats()
 
     # requests
 
@@ -130,6 +132,10 @@ class LLMEngine:
                 "n",
                 f"must be at most max_num_seqs={self.scheduler.max_num_seqs} (the samples of a request run "
                 f"together), got {params.n}; raise max_num_seqs or lower n",
+            )
+        if params.constraint is not None and self.tokenizer is None:
+            raise SamplingParamsError(
+                "constraint", "needs the text of each token: pass a tokenizer to LLMEngine"
             )
         stop = StopChecker(params, self.tokenizer)
         check_prompt(prompt_token_ids, self.max_model_len, self.vocab_size)
@@ -209,6 +215,19 @@ class LLMEngine:
             [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params], rngs
         )
         tokens, logprobs = sample(logits, batch)
+        row_seqs = [seq for seq in sampling for _ in range(seq.num_samples_at_next_token)]
+        checks = [
+            (row, p.constraint, seq.completion_token_ids)
+            for row, (seq, p) in enumerate(zip(row_seqs, params, strict=True))
+            if p.constraint is not None
+        ]
+        if checks:
+            tokens, logprobs, unmet = constrain_rows(
+                logits, batch, tokens, logprobs, checks, self.tokenizer, self.constraint_stats
+            )
+            for row in unmet:  # a sample its constraint cannot steer any more goes on without it
+                if row_seqs[row].num_samples_at_next_token == 1:
+                    row_seqs[row].params = dataclasses.replace(row_seqs[row].params, constraint=None)
         num_top = max((p.top_logprobs for p in params), default=0)
         values = [tokens.double(), logprobs.double()]
         if num_top:  # the alternatives travel in the same sync, as k ids then k logprobs per row
@@ -412,6 +431,9 @@ class LLMEngine:
             "prefix_cache_hits": bm.prefix_cache_hits,
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_generated_tokens": self.num_generated_tokens,
+            "constraint_checks": self.constraint_stats.checked,
+            "constraint_vetoes": self.constraint_stats.vetoed,
+            "constraint_unmet": self.constraint_stats.unmet,
             "kv_bytes_total": self.runner.kv_bytes_total,
             "kv_bytes_resident": self.runner.kv_bytes_resident(),
             "kv_bytes_resident_peak": self.runner.kv_bytes_resident_peak,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 # Below this a temperature is greedy in all but name, and logits / T overflow fp32 long before T reaches
 # fp32's smallest values (T = 1e-40 turns the softmax into NaN). vLLM treats T < 1e-5 as greedy.
@@ -31,6 +32,8 @@ class SamplingParams:
     lora="policy" samples with the engine's LoRA adapter (ignored when it has none); None samples the base
     model, e.g. for a reference or an evaluation of the untrained model. top_logprobs=k returns, with each
     sampled token, the k most likely tokens at its position and their logprobs (0: the sampled token's alone).
+    constraint: an object whose accepts(text, start) vetoes tokens (rollout_engine.constraints), e.g. the SQL
+    envs' schema names (envs.sql.names); it needs the engine's tokenizer.
     """
 
     n: int = 1
@@ -43,6 +46,7 @@ class SamplingParams:
     stop: list[str] | None = None
     lora: str | None = "policy"
     top_logprobs: int = 0
+    constraint: Any = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -97,6 +101,12 @@ class SamplingParams:
             "top_logprobs",
             f"an int in [0, {MAX_TOP_LOGPROBS}] (alternatives returned per sampled token)",
             self.top_logprobs,
+        )
+        _require(
+            self.constraint is None or callable(getattr(self.constraint, "accepts", None)),
+            "constraint",
+            "None or an object with accepts(text, start) -> bool (rollout_engine.constraints.Constraint)",
+            self.constraint,
         )
 
 

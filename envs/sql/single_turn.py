@@ -8,6 +8,7 @@ from typing import Any
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
 from envs.sql.grading import ExecutionMatchEnv, check_reward_args, grade_completion, sql_rewards
+from envs.sql.names import SchemaNames, schema_names
 from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, check_schema_style, task_messages
 
 
@@ -22,9 +23,11 @@ class SqlEpisode:
         messages: list[dict[str, str]],
         rewards: WeightedRewards,
         timeout_s: float,
+        constraint: SchemaNames | None = None,
     ):
         self.task = task
         self.messages = messages
+        self.constraint = constraint
         self.done = False
         self._rewards = rewards
         self._timeout_s = timeout_s
@@ -41,7 +44,10 @@ class SqlEpisode:
 
 
 class SqlEnv(ExecutionMatchEnv):
-    """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``)."""
+    """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``).
+
+    ``constrain_names``: each episode carries the engine a constraint (``envs.sql.names.SchemaNames``) that
+    keeps its reply to the tables and columns of its database, where each is used."""
 
     max_turns = 1
 
@@ -56,6 +62,7 @@ class SqlEnv(ExecutionMatchEnv):
         instructions: str = SINGLE_TURN_INSTRUCTIONS,
         partial_weight: float = 0.0,
         response_prefix: str = "",
+        constrain_names: bool = False,
     ) -> None:
         check_reward_args(no_sql_penalty, error_penalty, partial_weight)
         check_schema_style(schema_style)
@@ -65,6 +72,7 @@ class SqlEnv(ExecutionMatchEnv):
         self.schema_style = schema_style
         self.instructions = instructions
         self.response_prefix = response_prefix
+        self.constrain_names = constrain_names
         # Generation ends at the closing fence of the ```sql block: nothing after it is graded. When the
         # prefix opened the fence, the reply's first fence is the closing one, even on the query's own line.
         self.stop = ("```",) if "```" in response_prefix else ("\n```\n",)
@@ -76,4 +84,7 @@ class SqlEnv(ExecutionMatchEnv):
     def start(self, task: Mapping[str, Any]) -> SqlEpisode:
         """Open an episode whose messages hold the schema and the question."""
         messages = task_messages(task, self.instructions, self.sample_rows, self.schema_style)
-        return SqlEpisode(task, messages, self.rewards, self.timeout_s)
+        constraint = None
+        if self.constrain_names:  # the engine keeps the reply to the names of the task's database
+            constraint = SchemaNames(schema_names(task["db_path"]), self.response_prefix)
+        return SqlEpisode(task, messages, self.rewards, self.timeout_s, constraint)

@@ -71,13 +71,15 @@ def play_groups(
     environment says done, at its max_turns, or when its completion reaches `max_completion_tokens`
     (truncated). `response_prefix` (an env's declared start of every first reply) ends each prompt, so it
     is never trained on, and is put back in front of the first action the environment sees. `on_done(n)`
-    hears of the groups as they end, n at a time (`GroupCountdown`), for a caller's progress bar.
+    hears of the groups as they end, n at a time (`GroupCountdown`), for a caller's progress bar. An episode's
+    `constraint` (optional, e.g. `envs.sql.names.SchemaNames`) vetoes tokens of its first reply in the engine.
     """
     prompts = [prompt_token_ids(tokenizer, group[0].messages, response_prefix) for group in groups]
     trajectories = [[Trajectory(prompt_ids=list(p)) for _ in g] for p, g in zip(prompts, groups, strict=True)]
     countdown = GroupCountdown(groups, on_done)
     requests = [[(i, g) for g in range(len(group))] for i, group in enumerate(groups)]  # one per group
-    results = engine.generate(prompts, params, on_finished=partial(countdown.replied, requests, 1))
+    first = [replace(params, constraint=getattr(group[0], "constraint", None)) for group in groups]
+    results = engine.generate(prompts, first, on_finished=partial(countdown.replied, requests, 1))
     active = [key for keys in requests for key in keys]
     samples = [sample for result in results for sample in result.samples]
     turn = 0

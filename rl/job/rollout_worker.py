@@ -241,7 +241,7 @@ class RemoteEngine:
     def generate(
         self,
         prompt_token_ids: list[list[int]],
-        params: SamplingParams,
+        params: SamplingParams | list[SamplingParams],
         on_finished: Callable[[int], None] | None = None,
     ) -> list[GroupResult]:
         """The worker's results; ``on_finished(i)`` hears of every prompt once the whole call is back (the

@@ -53,12 +53,12 @@ def peft_model(family: str, targets, seed: int = 0):
     return model.eval()
 
 
-def make_engine(model, **overrides) -> LLMEngine:
+def make_engine(model, tokenizer=None, **overrides) -> LLMEngine:
     kwargs = dict(
         block_size=4, memory_budget_bytes=2**26, max_num_seqs=16, max_num_batched_tokens=64, max_model_len=128
     )
     kwargs.update(overrides)
-    return LLMEngine(model, None, **kwargs)
+    return LLMEngine(model, tokenizer, **kwargs)
 
 
 def random_prompts(lengths, seed: int = 0) -> list[list[int]]:

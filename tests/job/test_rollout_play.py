@@ -29,10 +29,11 @@ class ScriptedEngine:
     def generate(self, prompts, params, on_finished=None):
         self.calls.append(([list(p) for p in prompts], params))
         texts = self.script.pop(0)
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         results, k = [], 0
         for i, prompt in enumerate(prompts):
             samples = []
-            for s in range(params.n):
+            for s in range(per_prompt[i].n):
                 ids = self.tokenizer.encode(texts[k], add_special_tokens=False)
                 samples.append(Completion(list(prompt), ids, [-0.5] * len(ids), "stop", s))
                 k += 1
@@ -163,6 +164,32 @@ def test_response_prefix_ends_the_prompt_and_opens_only_the_first_action(tokeniz
     )
     assert traj.text.startswith("<sql>SELECT 1</sql>") and traj.reward == 1.0
     assert cont_prompts[0][: len(traj.prompt_ids)] == traj.prompt_ids
+
+
+class Rule:
+    def accepts(self, text, start):
+        return True
+
+
+class Constrained(ExploreThenAnswer):
+    def __init__(self, constraint):
+        super().__init__()
+        self.constraint = constraint
+
+
+def test_an_episodes_constraint_goes_with_its_first_reply_only(tokenizer):
+    """Each group's first request carries its own episodes' constraint; continuations carry none."""
+    rule_a, rule_b = Rule(), Rule()
+    engine = ScriptedEngine(
+        tokenizer, [["<sql>x</sql>", "<sql>y</sql>", "<sql>z</sql>"], ["<answer>ok</answer>"] * 3]
+    )
+    groups = [[Constrained(rule_a)], [ExploreThenAnswer()], [Constrained(rule_b)]]
+    params = SamplingParams(n=1, max_tokens=8, seed=1)
+    play_groups(engine, tokenizer, groups, params, step_episodes, 100)
+    (_, first), (_, continuation) = engine.calls
+    assert [p.constraint for p in first] == [rule_a, None, rule_b]
+    assert [p.max_tokens for p in first] == [8, 8, 8] and params.constraint is None
+    assert continuation.constraint is None
 
 
 class OneTry(ExploreThenAnswer):

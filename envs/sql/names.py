@@ -1,0 +1,352 @@
+"""Schema-constrained decoding of SQL replies: every name a query uses must exist where it is used.
+
+A small model writes columns that its database has in another table, or nowhere: after its warm start on real
+questions, six in ten of SmolLM2-135M's failed answers named an unknown column or table. PICARD (Scholak et
+al., 2021) answered this by parsing each candidate token incrementally and dropping those that cannot lead to
+valid SQL; `SchemaNames` does the part of that which concerns names. The engine asks it about each token it
+samples (`rollout_engine.constraints`) and samples again without the tokens it vetoes.
+
+What a reply may write, read from the text of its ```sql block with string literals skipped:
+- a word is an SQL keyword or function, a table, a column or an alias the query defined; a word still being
+  written is the start of one (or, before the query's FROM, of a short alias such as T1 that FROM defines);
+- FROM, JOIN and a comma in the FROM clause are followed by a table of the database (or a subquery);
+- in `Q.c`, c is a column of the table Q names. Before FROM binds Q, c must be a column of some table, and the
+  alias Q may then be given only to a table that has all such columns;
+- after the FROM clause, an unqualified column belongs to one of the query's tables (or an enclosing query's);
+  the ones the SELECT list used before it must all have found their table when the FROM clause ends, and the
+  first table of a query whose SELECT list used no qualified names must hold one of them.
+A query that starts with WITH is not checked. Only what the newest token changes counts (`start`), so a reply
+that the engine had to let through once (every likely token vetoed) is not held up for the rest of its length.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from envs.sql.sandbox import execute
+
+# The words of SQLite's SELECT statement (types come after CAST's AS, where any word may stand).
+_KEYWORDS = frozenset(
+    """all and as asc between by case cast collate cross current_date current_time current_timestamp desc
+    distinct else end escape except exists filter from full glob group groups having in inner intersect is
+    isnull join left like limit match natural not notnull null nulls offset on or order outer over partition
+    range regexp right rows select then union using when where window with""".split()
+)
+# Function names: a word that is one only is written before its "(".
+_FUNCTIONS = frozenset(
+    """abs avg changes char coalesce concat count date datetime format glob group_concat hex ifnull iif instr
+    julianday length like likelihood lower ltrim max min nullif printf quote random replace round rtrim sign
+    strftime substr substring sum time total trim typeof unicode unixepoch upper zeroblob ceil ceiling floor
+    ln log log10 exp power pow sqrt mod pi rank row_number dense_rank""".split()
+)
+_ROWID = frozenset(["rowid", "oid", "_rowid_"])
+# Words that end a query's FROM clause: every name its SELECT list used must have its table by then.
+_CLAUSES = frozenset(["where", "group", "having", "order", "limit", "union", "intersect", "except", "window"])
+# An alias a query may use before its FROM defines it: a letter or two and a number (T1, s2, a).
+_ALIAS_LIKE = re.compile(r"[a-z]{1,2}\d*")
+_LEXEME = re.compile(
+    r"""(?P<string>'(?:[^']|'')*'?|"(?:[^"]|"")*"?)
+    |(?P<quoted>`[^`]*`?|\[[^\]]*\]?)
+    |(?P<number>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+)
+    |(?P<word>[A-Za-z_][A-Za-z0-9_$]*)
+    |(?P<punct>\S)""",
+    re.VERBOSE,
+)
+_PUNCT = frozenset("(),.*=<>!+-/%|;~&")  # what SQLite's grammar has between names (a quote opens a string)
+_LONG_SPACE = re.compile(r"[ \t]{4,}|\s*\n\s*\n")  # Spider writes "a  =  b", now and then with three
+_FENCE = re.compile(r"```sql[ \t]*\n", re.IGNORECASE)
+_WITH = re.compile(r"\s*with\b", re.IGNORECASE)
+ANY_COLUMNS = None  # the columns of a subquery in FROM: not checked
+
+
+@lru_cache(maxsize=256)
+def schema_names(db_path: str) -> dict[str, frozenset[str]]:
+    """The database's tables and views, lower-case, with their columns, lower-case."""
+    tables = execute(db_path, "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+    if not tables.ok:
+        raise ValueError(f"cannot read the schema of {db_path}: {tables.error}")
+    names = {}
+    for (table,) in tables.rows:
+        literal = "'" + table.replace("'", "''") + "'"
+        columns = execute(db_path, f"SELECT name FROM pragma_table_info({literal})")
+        if not columns.ok:
+            raise ValueError(f"cannot read the columns of {table} in {db_path}: {columns.error}")
+        names[table.lower()] = frozenset(column.lower() for (column,) in columns.rows)
+    return names
+
+
+class SchemaNames:
+    """The engine's constraint (`rollout_engine.constraints.Constraint`) on the replies to one database's
+    questions. `lead` is the reply's start that the prompt already holds (the env's response prefix)."""
+
+    def __init__(self, names: dict[str, frozenset[str]], lead: str = "") -> None:
+        self.names = names
+        self.lead = lead
+
+    def accepts(self, text: str, start: int) -> bool:
+        """Whether the reply `text` breaks no rule (module docstring) at or after its character `start`."""
+        full = self.lead + text
+        fence = _FENCE.search(full)
+        if fence is None:
+            return True
+        close = full.find("```", fence.end())
+        sql = full[fence.end() : close if close >= 0 else len(full)]
+        if _WITH.match(sql):
+            return True
+        reader = _Reader(self.names, len(self.lead) + start - fence.end())
+        reader.read(sql, complete=close >= 0)
+        return not reader.violation
+
+    def __reduce__(self):  # sent to a rollout worker process with the request
+        return SchemaNames, (self.names, self.lead)
+
+
+@dataclass(eq=False)
+class _Query:
+    """One SELECT (the reply's, or a subquery) as it is read."""
+
+    depth: int  # the parenthesis depth its SELECT stands at
+    clause: str = "select"
+    tables: dict[str, frozenset[str] | None] = field(default_factory=dict)  # alias (or table) -> columns
+    num_tables: int = 0
+    pending: list[str] = field(default_factory=list)  # unqualified columns of the SELECT list
+    pending_qualified: dict[str, set[str]] = field(default_factory=dict)  # qualifier -> its columns there
+    expects: str = ""  # "table": FROM wants a table; "alias": a table was named and may get an alias
+    last_name: str | None = None  # the table just named in FROM, and its columns
+    last_columns: frozenset[str] | None = None
+
+    @property
+    def before_from(self) -> bool:
+        return self.clause == "select"
+
+
+class _Reader:
+    """Reads a query's lexemes in order and notes whether a violation shows after character `start`."""
+
+    def __init__(self, names: dict[str, frozenset[str]], start: int) -> None:
+        self.names = names
+        self.columns = frozenset().union(*names.values()) | _ROWID
+        self.words = _KEYWORDS | _FUNCTIONS | self.columns | frozenset(names)
+        self.start = start
+        self.queries = [_Query(depth=0)]
+        self.defined: set[str] = set()  # aliases of tables and of result columns, once given
+        self.depth = 0
+        self.after_as = False
+        self.violation = False
+
+    @property
+    def query(self) -> _Query:
+        return self.queries[-1]
+
+    def fail(self, at: int) -> None:
+        """A violation that shows once the text has `at` characters (a word's shows with the character after
+        it, which completes it; the end of the query's with its closing fence, len(sql) + 3)."""
+        if at > self.start:
+            self.violation = True
+
+    def read(self, sql: str, complete: bool) -> None:
+        for run in _LONG_SPACE.finditer(sql):  # padding is no way around a veto
+            self.fail(run.end())
+        lexemes = [(m.lastgroup, m.group(), m.end()) for m in _LEXEME.finditer(sql)]
+        for i, (kind, text, end) in enumerate(lexemes):
+            if kind == "punct":
+                self.punct(text, end)
+            elif kind in ("word", "quoted"):
+                # A name is whole at the character after it, where what is wrong with it shows; the last one
+                # may still grow, unless the query ended. A function's name waits for its "(" past a space.
+                following = lexemes[i + 1] if i + 1 < len(lexemes) else None
+                partial = end == len(sql) and not complete
+                at = end if partial else end + 1
+                name = text.strip("`[]").lower()
+                if name in _FUNCTIONS and sql[end : end + 1].isspace():
+                    partial = following is None and not complete
+                    at = len(sql) if partial else (following[2] if following else len(sql) + 3)
+                if i >= 2 and lexemes[i - 1][1] == "." and lexemes[i - 2][0] in ("word", "quoted"):
+                    self.column_of(lexemes[i - 2][1].strip("`[]").lower(), name, at, partial)
+                elif following and following[1] == ".":
+                    self.qualifier(name, following[2])
+                else:
+                    self.word(name, at, partial, call=bool(following) and following[1] == "(")
+        if complete:
+            while len(self.queries) > 1:
+                self.close_from(self.query, len(sql) + 3)
+                self.queries.pop()
+            self.close_from(self.query, len(sql) + 3)
+
+    # scopes
+
+    def visible(self, name: str) -> tuple[bool, frozenset[str] | None]:
+        """Whether the FROM of this query or of one around it binds `name`, and to which columns."""
+        for query in reversed(self.queries):
+            if name in query.tables:
+                return True, query.tables[name]
+        return False, None
+
+    def in_scope(self, column: str) -> bool:
+        if column in self.defined or column in _ROWID:
+            return True
+        return any(
+            columns is ANY_COLUMNS or column in columns for q in self.queries for columns in q.tables.values()
+        )
+
+    def bind_named_table(self, query: _Query) -> None:
+        """A table named in FROM without an alias is known by its own name."""
+        if query.expects == "alias":
+            if query.last_name is not None:
+                query.tables[query.last_name] = query.last_columns
+            query.expects = ""
+
+    def close_from(self, query: _Query, at: int) -> None:
+        """The FROM clause has ended: every name the SELECT list used must have its table."""
+        self.bind_named_table(query)
+        if query.before_from:
+            return
+        for qualifier, columns in query.pending_qualified.items():
+            bound, table = self.visible(qualifier)
+            if not bound or (table is not ANY_COLUMNS and not columns <= table):
+                self.fail(at)
+        if any(not self.in_scope(column) for column in query.pending):
+            self.fail(at)
+        query.pending_qualified.clear()
+        query.pending.clear()
+
+    # lexemes
+
+    def punct(self, char: str, end: int) -> None:
+        self.after_as = False
+        query = self.query
+        if char not in _PUNCT:
+            self.fail(end)
+        elif char == "(":
+            self.depth += 1
+        elif char == ")":
+            if len(self.queries) > 1 and query.depth == self.depth:
+                self.close_from(query, end)
+                self.queries.pop()
+                outer = self.query
+                if outer.expects == "table":  # a subquery in FROM, which an alias may follow
+                    outer.last_name, outer.last_columns, outer.expects = None, ANY_COLUMNS, "alias"
+            self.depth = max(0, self.depth - 1)
+        elif char == "," and query.clause == "from" and self.depth == query.depth:
+            self.bind_named_table(query)
+            query.expects = "table"
+
+    def word(self, name: str, at: int, partial: bool, call: bool = False) -> None:
+        query = self.query
+        if name == "select":
+            if query.expects == "table" or self.depth > query.depth:
+                self.queries.append(_Query(depth=self.depth))
+            else:  # the first SELECT, or the next one of a compound query
+                self.close_from(query, at)
+                self.queries[-1] = _Query(depth=query.depth)
+            return
+        if self.after_as:
+            if not partial:
+                self.after_as = False
+                self.alias(name, at) if query.expects == "alias" else self.defined.add(name)
+            return
+        if query.expects == "table":
+            self.table(name, at, partial)
+            return
+        if query.expects == "alias" and name not in _KEYWORDS:  # an alias without AS: T1, not ORDERBY
+            if not any(word.startswith(name) for word in _KEYWORDS) and not _ALIAS_LIKE.fullmatch(name):
+                self.fail(at)
+            elif not partial:
+                self.alias(name, at)
+            return
+        if name == "as":
+            self.after_as = True
+            return
+        if partial:
+            if not any(word.startswith(name) for word in self.candidates(query)):
+                if not (query.before_from and _ALIAS_LIKE.fullmatch(name)):
+                    self.fail(at)
+            return
+        self.keyword_or_column(query, name, at, call)
+
+    def candidates(self, query: _Query) -> frozenset[str] | set[str]:
+        """The words a query may write where a column could stand: before its FROM any name of the database,
+        after it the columns in scope and the names FROM bound."""
+        if query.before_from:
+            return self.words | self.defined
+        names = _KEYWORDS | _FUNCTIONS | self.defined | _ROWID
+        for q in self.queries:
+            for alias, columns in q.tables.items():
+                if columns is ANY_COLUMNS:
+                    return self.words | self.defined
+                names |= columns | {alias}
+        return names
+
+    def keyword_or_column(self, query: _Query, name: str, at: int, call: bool) -> None:
+        if name in ("from", "join"):
+            self.bind_named_table(query)
+            query.clause, query.expects = "from", "table"
+        elif name in ("on", "using"):
+            self.bind_named_table(query)
+        elif name in _CLAUSES:
+            self.close_from(query, at)
+            query.clause = name
+        elif name in _KEYWORDS or name in self.defined or (call and name in _FUNCTIONS):
+            self.bind_named_table(query)
+        elif name not in self.columns:
+            self.fail(at)
+        elif query.before_from:
+            query.pending.append(name)
+        elif not self.in_scope(name):
+            self.fail(at)
+
+    def table(self, name: str, at: int, partial: bool) -> None:
+        query = self.query
+        if partial:
+            subquery = self.depth > query.depth and "select".startswith(name)
+            if not subquery and not any(t.startswith(name) for t in self.names if self.fits(query, t)):
+                self.fail(at)
+            return
+        columns = self.names.get(name, ANY_COLUMNS)
+        if name not in self.names or not self.fits(query, name):
+            self.fail(at)
+        query.num_tables += 1
+        query.last_name, query.last_columns, query.expects = name, columns, "alias"
+
+    def fits(self, query: _Query, table: str) -> bool:
+        """A query's first table must hold the columns its SELECT list named without a qualifier, when it
+        named no qualified ones: all of them where a table does, else one."""
+        if query.num_tables or not query.pending or query.pending_qualified:
+            return True
+        wanted = set(query.pending)
+        if any(wanted <= columns for columns in self.names.values()):
+            return wanted <= self.names[table]
+        return not wanted.isdisjoint(self.names[table])
+
+    def alias(self, name: str, at: int) -> None:
+        query = self.query
+        wanted = query.pending_qualified.get(name, set())
+        if query.last_columns is not ANY_COLUMNS and not wanted <= query.last_columns:
+            self.fail(at)
+        query.tables[name] = query.last_columns
+        query.expects = ""
+        self.defined.add(name)
+
+    def qualifier(self, name: str, dot_end: int) -> None:
+        if self.visible(name)[0]:
+            return
+        if not self.query.before_from or not (name in self.names or _ALIAS_LIKE.fullmatch(name)):
+            self.fail(dot_end)
+
+    def column_of(self, qualifier: str, name: str, at: int, partial: bool) -> None:
+        query = self.query
+        bound, columns = self.visible(qualifier)
+        if bound and columns is ANY_COLUMNS:
+            return
+        if not bound and not query.before_from:
+            return  # the qualifier itself was the violation
+        known = columns if bound else self.names.get(qualifier, self.columns)
+        if partial:
+            if not any(column.startswith(name) for column in known | _ROWID):
+                self.fail(at)
+        elif name not in known and name not in _ROWID:
+            self.fail(at)
+        elif not bound:
+            query.pending_qualified.setdefault(qualifier, set()).add(name)

@@ -1,0 +1,141 @@
+"""envs.sql.names: the schema constraint on SQL replies, checked against what SQLite says of each query."""
+
+import sqlite3
+
+import pytest
+
+from envs.sql.names import SchemaNames, schema_names
+from envs.sql.single_turn import SqlEnv
+
+LEAD = "```sql\nSELECT"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("names") / "school.sqlite"
+    con = sqlite3.connect(path)
+    con.executescript(
+        """
+        CREATE TABLE teachers (LastName TEXT, FirstName TEXT, Classroom INTEGER);
+        CREATE TABLE list (LastName TEXT, FirstName TEXT, Grade INTEGER, Classroom INTEGER);
+        CREATE TABLE "Course Info" (cid INTEGER PRIMARY KEY, title TEXT, credits INTEGER);
+        INSERT INTO teachers VALUES ('Ames', 'Ann', 105), ('Bell', 'Bo', 106);
+        INSERT INTO list VALUES ('Cole', 'Cy', 4, 105), ('Dunn', 'Di', 5, 106);
+        """
+    )
+    con.commit()
+    con.close()
+    return str(path)
+
+
+def sqlite_error(db, sql):
+    """SQLite's own verdict on a query: None when it runs, else its error message."""
+    con = sqlite3.connect(db)
+    try:
+        con.execute(sql).fetchall()
+        return None
+    except sqlite3.Error as exc:
+        return str(exc)
+    finally:
+        con.close()
+
+
+def accepted_at_every_character(rule, reply):
+    """Whether the constraint lets the reply be written one character at a time, then closed."""
+    text = reply + "\n```"
+    return all(rule.accepts(text[:i], i - 1) for i in range(1, len(text) + 1))
+
+
+VALID = [
+    "SELECT grade FROM list WHERE classroom  =  105",
+    "SELECT T1.lastname FROM teachers AS T1 JOIN list AS T2 ON T1.classroom = T2.classroom WHERE T2.grade>4",
+    "SELECT count(*) FROM list WHERE classroom IN (SELECT classroom FROM teachers WHERE firstname LIKE 'a%')",
+    "SELECT grade ,  count(*) AS n FROM list GROUP BY grade ORDER BY n DESC LIMIT 1",
+    "SELECT firstname FROM teachers EXCEPT SELECT firstname FROM list",
+    "SELECT COUNT (DISTINCT grade) FROM list",
+    "SELECT avg(t.grade) FROM (SELECT grade FROM list) AS t",
+    "SELECT lastname FROM teachers WHERE lastname  =  'no such column here'",
+    "SELECT title FROM `Course Info` WHERE credits  >  2",
+    "SELECT list.grade FROM list",
+    "SELECT lastname ,  grade FROM list JOIN teachers USING (lastname)",
+]
+
+WRONG_NAMES = [
+    "SELECT grade FROM teachers",  # a column of another table
+    "SELECT grad FROM list",  # a column of no table
+    "SELECT T1.grade FROM teachers AS T1",  # an alias whose table lacks the column
+    "SELECT lastname FROM teacher",  # no such table
+    "SELECT T1.lastname FROM teachers AS T1 JOIN list AS T2 ON T1.classroom  =  T2.room",
+    "SELECT firstname FROM teachers WHERE grade  =  1",
+    "SELECT count(*) FROM list WHERE classroom IN (SELECT room FROM teachers)",
+]
+
+
+@pytest.mark.parametrize("sql", VALID)
+def test_a_query_sqlite_runs_is_accepted_at_every_character(db, sql):
+    assert sqlite_error(db, sql) is None
+    rule = SchemaNames(schema_names(db), LEAD)
+    assert accepted_at_every_character(rule, sql[len("SELECT") :])
+
+
+@pytest.mark.parametrize("sql", WRONG_NAMES)
+def test_a_query_sqlite_refuses_for_a_name_is_refused(db, sql):
+    assert "no such" in sqlite_error(db, sql)
+    rule = SchemaNames(schema_names(db), LEAD)
+    assert not accepted_at_every_character(rule, sql[len("SELECT") :])
+
+
+def test_a_name_is_refused_as_soon_as_no_name_of_the_schema_starts_so(db):
+    rule = SchemaNames(schema_names(db), LEAD)
+    assert rule.accepts(" gra", 3)  # grade
+    assert not rule.accepts(" grz", 3)
+    assert rule.accepts(" T1", 2)  # an alias FROM may still define
+    assert rule.accepts(" grade FROM li", 13)  # list holds grade
+    assert not rule.accepts(" grade FROM te", 13)  # teachers does not: steered before the name is whole
+    assert rule.accepts(" lastname FROM list WHERE gra", 28)
+    assert not rule.accepts(" lastname FROM teachers WHERE gra", 32)  # not a column of the query's tables
+
+
+def test_a_single_table_query_goes_to_the_table_that_holds_all_its_columns(db):
+    rule = SchemaNames(schema_names(db), LEAD)
+    # teachers holds lastname but not grade; list holds both
+    assert not rule.accepts(" lastname ,  grade FROM teachers ", 32)
+    assert rule.accepts(" lastname ,  grade FROM list ", 28)
+    # the price of steering: a join that names the table holding them all second must start from it
+    sql = "SELECT lastname ,  grade FROM teachers JOIN list USING (lastname)"
+    assert sqlite_error(db, sql) is None
+    assert not accepted_at_every_character(rule, sql[len("SELECT") :])
+
+
+def test_only_the_newest_text_is_judged(db):
+    """A violation the engine let through once is not charged again to the tokens after it."""
+    rule = SchemaNames(schema_names(db), LEAD)
+    assert not rule.accepts(" grz ,", 4)  # the space after it makes grz whole
+    assert rule.accepts(" grz ,", 5)
+    assert rule.accepts(" grz ,  grade", 12)
+    assert not rule.accepts(" grz ,  grz ", 11)
+
+
+def test_strings_are_not_names_and_padding_is_refused(db):
+    rule = SchemaNames(schema_names(db), LEAD)
+    assert rule.accepts(" lastname FROM list WHERE firstname  =  'Grz Q'", 45)
+    assert rule.accepts(' lastname FROM list WHERE firstname  =  "Grz Q"', 45)
+    assert not rule.accepts(" lastname     ", 13)
+    assert not rule.accepts(" lastname # note", 11)
+    assert rule.accepts(" lastname  ", 10)
+
+
+def test_a_reply_is_judged_inside_its_sql_fence_only(db):
+    rule = SchemaNames(schema_names(db), "")
+    assert rule.accepts("Here grz is prose", 6)
+    assert not rule.accepts("```sql\nSELECT grz ", 17)
+    assert rule.accepts("```sql\nSELECT grade FROM list\n```\nand grz after it", 45)
+    assert rule.accepts("```sql\nWITH x AS (SELECT 1) SELECT grz FROM x", 41)  # WITH is not checked
+
+
+def test_the_sql_env_puts_the_constraint_on_its_episodes_only_when_asked(db):
+    task = {"question": "Which grades?", "db_path": db, "gold_sql": "SELECT grade FROM list"}
+    assert SqlEnv(response_prefix=LEAD).start(task).constraint is None
+    episode = SqlEnv(response_prefix=LEAD, constrain_names=True).start(task)
+    assert episode.constraint.accepts(" grade FROM list\n```", 19)
+    assert not episode.constraint.accepts(" grade FROM teachers\n```", 23)
