@@ -19,7 +19,7 @@ own probability, which is what the trainer recomputes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 
@@ -29,7 +29,6 @@ MAX_RESAMPLES = 16  # a sampled row's fresh draws without its vetoed tokens, bef
 MAX_CANDIDATES = 64  # the likeliest tokens a row tries, in order, before its first sample stands
 
 
-@runtime_checkable
 class Constraint(Protocol):
     """What a request's SamplingParams.constraint must be (and picklable, for a rollout-worker process)."""
 

@@ -58,7 +58,7 @@ _PUNCT = frozenset("(),.*=<>!+-/%|;~&")  # what SQLite's grammar has between nam
 _LONG_SPACE = re.compile(r"[ \t]{4,}|\s*\n\s*\n")  # Spider writes "a  =  b", now and then with three
 _FENCE = re.compile(r"```sql[ \t]*\n", re.IGNORECASE)
 _WITH = re.compile(r"\s*with\b", re.IGNORECASE)
-ANY_COLUMNS = None  # the columns of a subquery in FROM: not checked
+_ANY = None  # the columns of a subquery in FROM: not checked
 
 
 @lru_cache(maxsize=256)
@@ -84,6 +84,8 @@ class SchemaNames:
     def __init__(self, names: dict[str, frozenset[str]], lead: str = "") -> None:
         self.names = names
         self.lead = lead
+        self.columns = frozenset().union(*names.values()) | _ROWID
+        self.words = _KEYWORDS | _FUNCTIONS | self.columns | frozenset(names)
 
     def accepts(self, text: str, start: int) -> bool:
         """Whether the reply `text` breaks no rule (module docstring) at or after its character `start`."""
@@ -95,12 +97,9 @@ class SchemaNames:
         sql = full[fence.end() : close if close >= 0 else len(full)]
         if _WITH.match(sql):
             return True
-        reader = _Reader(self.names, len(self.lead) + start - fence.end())
+        reader = _Reader(self, len(self.lead) + start - fence.end())
         reader.read(sql, complete=close >= 0)
         return not reader.violation
-
-    def __reduce__(self):  # sent to a rollout worker process with the request
-        return SchemaNames, (self.names, self.lead)
 
 
 @dataclass(eq=False)
@@ -125,10 +124,8 @@ class _Query:
 class _Reader:
     """Reads a query's lexemes in order and notes whether a violation shows after character `start`."""
 
-    def __init__(self, names: dict[str, frozenset[str]], start: int) -> None:
-        self.names = names
-        self.columns = frozenset().union(*names.values()) | _ROWID
-        self.words = _KEYWORDS | _FUNCTIONS | self.columns | frozenset(names)
+    def __init__(self, schema: SchemaNames, start: int) -> None:
+        self.names, self.columns, self.words = schema.names, schema.columns, schema.words
         self.start = start
         self.queries = [_Query(depth=0)]
         self.defined: set[str] = set()  # aliases of tables and of result columns, once given
@@ -188,7 +185,7 @@ class _Reader:
         if column in self.defined or column in _ROWID:
             return True
         return any(
-            columns is ANY_COLUMNS or column in columns for q in self.queries for columns in q.tables.values()
+            columns is _ANY or column in columns for q in self.queries for columns in q.tables.values()
         )
 
     def bind_named_table(self, query: _Query) -> None:
@@ -205,7 +202,7 @@ class _Reader:
             return
         for qualifier, columns in query.pending_qualified.items():
             bound, table = self.visible(qualifier)
-            if not bound or (table is not ANY_COLUMNS and not columns <= table):
+            if not bound or (table is not _ANY and not columns <= table):
                 self.fail(at)
         if any(not self.in_scope(column) for column in query.pending):
             self.fail(at)
@@ -227,7 +224,7 @@ class _Reader:
                 self.queries.pop()
                 outer = self.query
                 if outer.expects == "table":  # a subquery in FROM, which an alias may follow
-                    outer.last_name, outer.last_columns, outer.expects = None, ANY_COLUMNS, "alias"
+                    outer.last_name, outer.last_columns, outer.expects = None, _ANY, "alias"
             self.depth = max(0, self.depth - 1)
         elif char == "," and query.clause == "from" and self.depth == query.depth:
             self.bind_named_table(query)
@@ -274,7 +271,7 @@ class _Reader:
         names = _KEYWORDS | _FUNCTIONS | self.defined | _ROWID
         for q in self.queries:
             for alias, columns in q.tables.items():
-                if columns is ANY_COLUMNS:
+                if columns is _ANY:
                     return self.words | self.defined
                 names |= columns | {alias}
         return names
@@ -304,7 +301,7 @@ class _Reader:
             if not subquery and not any(t.startswith(name) for t in self.names if self.fits(query, t)):
                 self.fail(at)
             return
-        columns = self.names.get(name, ANY_COLUMNS)
+        columns = self.names.get(name, _ANY)
         if name not in self.names or not self.fits(query, name):
             self.fail(at)
         query.num_tables += 1
@@ -323,7 +320,7 @@ class _Reader:
     def alias(self, name: str, at: int) -> None:
         query = self.query
         wanted = query.pending_qualified.get(name, set())
-        if query.last_columns is not ANY_COLUMNS and not wanted <= query.last_columns:
+        if query.last_columns is not _ANY and not wanted <= query.last_columns:
             self.fail(at)
         query.tables[name] = query.last_columns
         query.expects = ""
@@ -338,7 +335,7 @@ class _Reader:
     def column_of(self, qualifier: str, name: str, at: int, partial: bool) -> None:
         query = self.query
         bound, columns = self.visible(qualifier)
-        if bound and columns is ANY_COLUMNS:
+        if bound and columns is _ANY:
             return
         if not bound and not query.before_from:
             return  # the qualifier itself was the violation

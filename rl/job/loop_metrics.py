@@ -25,6 +25,8 @@ RANK_REDUCERS = {
     "rollout/blocks_shared": sum,
     "rollout/preemptions": sum,
     "rollout/prefix_cache_hits": sum,
+    "rollout/constraint_vetoes": sum,
+    "rollout/constraint_unmet": sum,
     "env/errors": sum,
     "env/timeouts": sum,
     "guidance/demonstrations": sum,
@@ -118,6 +120,9 @@ def engine_metrics(engine: Any, before: dict[str, int], generate_s: float) -> di
         ),
         "rollout/preemptions": float(now["num_preemptions"] - before["num_preemptions"]),
         "rollout/prefix_cache_hits": float(now["prefix_cache_hits"] - before["prefix_cache_hits"]),
+        # tokens the constraint refused, and samples it let go unconstrained (rollout_engine.constraints)
+        "rollout/constraint_vetoes": float(now["constraint_vetoes"] - before["constraint_vetoes"]),
+        "rollout/constraint_unmet": float(now["constraint_unmet"] - before["constraint_unmet"]),
     }
 
 

@@ -1,5 +1,6 @@
 """envs.sql.names: the schema constraint on SQL replies, checked against what SQLite says of each query."""
 
+import pickle
 import sqlite3
 
 import pytest
@@ -137,5 +138,7 @@ def test_the_sql_env_puts_the_constraint_on_its_episodes_only_when_asked(db):
     task = {"question": "Which grades?", "db_path": db, "gold_sql": "SELECT grade FROM list"}
     assert SqlEnv(response_prefix=LEAD).start(task).constraint is None
     episode = SqlEnv(response_prefix=LEAD, constrain_names=True).start(task)
-    assert episode.constraint.accepts(" grade FROM list\n```", 19)
-    assert not episode.constraint.accepts(" grade FROM teachers\n```", 23)
+    sent = pickle.loads(pickle.dumps(episode.constraint))  # as a rollout-worker process receives it
+    for rule in (episode.constraint, sent):
+        assert rule.accepts(" grade FROM list\n```", 19)
+        assert not rule.accepts(" grade FROM teachers\n```", 23)

@@ -54,6 +54,8 @@ METRIC_NAMES = (
     "rollout/blocks_shared",
     "rollout/preemptions",
     "rollout/prefix_cache_hits",
+    "rollout/constraint_vetoes",
+    "rollout/constraint_unmet",
     "sync/ms",
     "time/generate",
     "time/env",
@@ -197,6 +199,8 @@ def test_default_sql_env_runs_a_step_and_scores_the_held_out_split(tmp_path):
     final = result.evals[-1].result
     assert final.num_tasks == 4 and 0.0 <= final.accuracy <= 1.0
     assert "rewards/execution" in result.history[0]
+    # the SQL env's schema constraint steers the rollouts: a random model's names are refused all the time
+    assert result.history[0]["rollout/constraint_vetoes"] > 0
 
 
 def test_multi_turn_masks_observation_tokens_out_of_the_loss(tmp_path):
