@@ -102,8 +102,10 @@ def eval_run(tmp_path_factory):
     calls = []
     generate = LLMEngine.generate
 
-    def recording(self, prompts, params=None, **kwargs):
-        calls.append((len(prompts), params.n, params.temperature))
+    def recording(self, prompts, params=None, **kwargs):  # play_groups sends one params per prompt
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        (settings,) = {(p.n, p.temperature) for p in per_prompt}
+        calls.append((len(prompts), *settings))
         return generate(self, prompts, params, **kwargs)
 
     printed = io.StringIO()
