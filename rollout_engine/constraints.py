@@ -18,12 +18,14 @@ own probability, which is what the trainer recomputes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from rollout_engine.sampler import SamplingBatch, sample
+from rollout_engine.sequence import Sequence
 
 MAX_RESAMPLES = 16  # a sampled row's fresh draws without its vetoed tokens, before it takes the likeliest
 MAX_CANDIDATES = 64  # the likeliest tokens a row tries, in order, before its first sample stands
@@ -45,44 +47,46 @@ class ConstraintStats:
     unmet: int = 0
 
 
-def constrain_rows(
+def constrain(
     logits: torch.Tensor,
     batch: SamplingBatch,
     tokens: torch.Tensor,
     logprobs: torch.Tensor,
-    checks: list[tuple[int, Constraint, list[int]]],
+    sampling: list[Sequence],
     tokenizer,
     stats: ConstraintStats,
-) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Tokens and logprobs [rows] with each checked row's token replaced by one its constraint accepts, and
-    the rows where none was. `checks` holds (row, constraint, the row's completion token ids so far)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and logprobs [rows] of one step with each constrained row's token replaced by one its constraint
+    accepts. The rows are the sequences' in `sampling`, `num_samples_at_next_token` each; a sample whose
+    constraint no candidate satisfied goes on without it."""
+    rows = [seq for seq in sampling for _ in range(seq.num_samples_at_next_token)]
     tokens, logprobs = tokens.clone(), logprobs.clone()
-    unmet = []
-    for row, constraint, completion in checks:
-        judge = _Judge(constraint, tokenizer, completion, stats)
+    for row, seq in enumerate(rows):
+        if seq.params.constraint is None:
+            continue
+        judge = _Judge(seq.params.constraint, tokenizer, seq.completion_token_ids, stats)
         first = int(tokens[row])
         if judge.accepts(first):
             continue
         token = _replacement(logits[row], batch, row, first, judge)
         if token is None:
             stats.unmet += 1
-            unmet.append(row)
+            if seq.num_samples_at_next_token == 1:  # its prompt's rows still share one sequence
+                seq.params = dataclasses.replace(seq.params, constraint=None)
             continue
         tokens[row] = token
         logprobs[row] = _logprob(logits[row], batch.temperatures[row], token)
-    return tokens, logprobs, unmet
+    return tokens, logprobs
 
 
 class _Judge:
     """One row's constraint, asked about candidate tokens after the row's completion so far."""
 
     def __init__(self, constraint: Constraint, tokenizer, completion: list[int], stats: ConstraintStats):
-        self.constraint, self.tokenizer, self.completion, self.stats = (
-            constraint,
-            tokenizer,
-            completion,
-            stats,
-        )
+        self.constraint = constraint
+        self.tokenizer = tokenizer
+        self.completion = completion
+        self.stats = stats
         self.start = len(tokenizer.decode(completion, skip_special_tokens=True))
 
     def accepts(self, token: int) -> bool:

@@ -18,7 +18,7 @@ from host.cpu_threads import adapt_cpu_threads
 from pagedrl_kernels.backend import HAS_TRITON
 from pagedrl_kernels.cpu_gemm import packed_weight_bytes
 from rollout_engine.block_manager import BlockManager
-from rollout_engine.constraints import ConstraintStats, constrain_rows
+from rollout_engine.constraints import ConstraintStats, constrain
 from rollout_engine.kv_pool import commits_on_write
 from rollout_engine.lora import LoraAdapter
 from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
@@ -215,19 +215,10 @@ class LLMEngine:
             [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params], rngs
         )
         tokens, logprobs = sample(logits, batch)
-        row_seqs = [seq for seq in sampling for _ in range(seq.num_samples_at_next_token)]
-        checks = [
-            (row, p.constraint, seq.completion_token_ids)
-            for row, (seq, p) in enumerate(zip(row_seqs, params, strict=True))
-            if p.constraint is not None
-        ]
-        if checks:
-            tokens, logprobs, unmet = constrain_rows(
-                logits, batch, tokens, logprobs, checks, self.tokenizer, self.constraint_stats
+        if any(p.constraint is not None for p in params):
+            tokens, logprobs = constrain(
+                logits, batch, tokens, logprobs, sampling, self.tokenizer, self.constraint_stats
             )
-            for row in unmet:  # a sample its constraint cannot steer any more goes on without it
-                if row_seqs[row].num_samples_at_next_token == 1:
-                    row_seqs[row].params = dataclasses.replace(row_seqs[row].params, constraint=None)
         num_top = max((p.top_logprobs for p in params), default=0)
         values = [tokens.double(), logprobs.double()]
         if num_top:  # the alternatives travel in the same sync, as k ids then k logprobs per row

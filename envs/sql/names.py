@@ -147,6 +147,7 @@ class _Reader:
         for run in _LONG_SPACE.finditer(sql):  # padding is no way around a veto
             self.fail(run.end())
         lexemes = [(m.lastgroup, m.group(), m.end()) for m in _LEXEME.finditer(sql)]
+        names = [text.strip("`[]").lower() for _, text, _ in lexemes]
         for i, (kind, text, end) in enumerate(lexemes):
             if kind == "punct":
                 self.punct(text, end)
@@ -156,12 +157,12 @@ class _Reader:
                 following = lexemes[i + 1] if i + 1 < len(lexemes) else None
                 partial = end == len(sql) and not complete
                 at = end if partial else end + 1
-                name = text.strip("`[]").lower()
+                name = names[i]
                 if name in _FUNCTIONS and sql[end : end + 1].isspace():
                     partial = following is None and not complete
                     at = len(sql) if partial else (following[2] if following else len(sql) + 3)
                 if i >= 2 and lexemes[i - 1][1] == "." and lexemes[i - 2][0] in ("word", "quoted"):
-                    self.column_of(lexemes[i - 2][1].strip("`[]").lower(), name, at, partial)
+                    self.column_of(names[i - 2], name, at, partial)
                 elif following and following[1] == ".":
                     self.qualifier(name, following[2])
                 else:
@@ -296,26 +297,28 @@ class _Reader:
 
     def table(self, name: str, at: int, partial: bool) -> None:
         query = self.query
+        fitting = self.fitting_tables(query)
         if partial:
             subquery = self.depth > query.depth and "select".startswith(name)
-            if not subquery and not any(t.startswith(name) for t in self.names if self.fits(query, t)):
+            if not subquery and not any(table.startswith(name) for table in fitting):
                 self.fail(at)
             return
         columns = self.names.get(name, _ANY)
-        if name not in self.names or not self.fits(query, name):
+        if name not in fitting:
             self.fail(at)
         query.num_tables += 1
         query.last_name, query.last_columns, query.expects = name, columns, "alias"
 
-    def fits(self, query: _Query, table: str) -> bool:
-        """A query's first table must hold the columns its SELECT list named without a qualifier, when it
-        named no qualified ones: all of them where a table does, else one."""
+    def fitting_tables(self, query: _Query) -> list[str]:
+        """The tables FROM may name next. A query's first table must hold the columns its SELECT list named
+        without a qualifier, when it named no qualified ones: all of them where a table does, else one."""
         if query.num_tables or not query.pending or query.pending_qualified:
-            return True
+            return list(self.names)
         wanted = set(query.pending)
-        if any(wanted <= columns for columns in self.names.values()):
-            return wanted <= self.names[table]
-        return not wanted.isdisjoint(self.names[table])
+        holding_all = [table for table, columns in self.names.items() if wanted <= columns]
+        return holding_all or [
+            table for table, columns in self.names.items() if not wanted.isdisjoint(columns)
+        ]
 
     def alias(self, name: str, at: int) -> None:
         query = self.query
