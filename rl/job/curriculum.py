@@ -10,6 +10,11 @@ the ``pool_by`` fields (e.g. query family and difficulty). The pool's rate has a
 untried pools start at 0.5 (the highest weight: they are explored first), and a task's own attempts count
 against ``prior_strength`` pseudo-attempts at the pool's rate. Same seed and same outcomes give the same
 draws; ``position`` / ``restore`` make it resumable like ``rl.job.data.TaskStream``.
+
+With ``group_by`` (e.g. ``db_id``), a batch is filled one group at a time: a group is drawn by the sum of
+its tasks' weights, then tasks within it by their own, and the next group only when it runs out. The
+prompts of one database then share its schema, which the engine's prefix cache and the trainer's shared
+prefix (``rl.algo.logprobs``) each compute once for the whole step instead of once a prompt.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class CurriculumConfig(Settings):
     pool_by: list[str] = field(default_factory=list)  # task fields whose tasks share a pass-rate estimate
     prior_strength: float = 8.0  # pseudo-attempts of the pool's rate in each task's estimate
     min_attempts: int = 16  # a task all-passed or all-failed over this many attempts is skipped
+    # task field whose tasks a batch draws together (db_id: one database's questions, which share a schema)
+    group_by: str | None = None
 
 
 def task_key(task: Any) -> str:
@@ -56,6 +63,7 @@ class Curriculum:
         pool_by: Sequence[str] = (),
         prior_strength: float = CurriculumConfig.prior_strength,
         min_attempts: int = CurriculumConfig.min_attempts,
+        group_by: str | None = None,
     ) -> None:
         if len(tasks) == 0:
             raise ConfigError("the task set is empty; check the env's tasks config (env.tasks)")
@@ -68,6 +76,16 @@ class Curriculum:
             "/".join(str(t.get(f, "")) if hasattr(t, "get") else "" for f in pool_by) for t in tasks
         ]
         self._index = {key: i for i, key in enumerate(self._keys)}
+        self._group_of = None  # each task's group number, with group_by
+        if group_by:
+            if not any(hasattr(t, "get") and group_by in t for t in tasks):
+                raise ConfigError(
+                    f"curriculum.group_by={group_by}: no training task has a field {group_by!r}; name one "
+                    "of the tasks' fields (db_id for the SQL envs), or null to draw tasks one by one"
+                )
+            groups = [str(t.get(group_by, "")) if hasattr(t, "get") else "" for t in tasks]
+            number = {name: i for i, name in enumerate(sorted(set(groups)))}
+            self._group_of = torch.tensor([number[g] for g in groups])
         self.record_of: dict[str, list[int]] = {}  # task key -> [successes, attempts]
         self.draws = 0
 
@@ -99,18 +117,39 @@ class Curriculum:
         return tries >= self.min_attempts and wins in (0, tries)
 
     def next_batch(self, batch_size: int) -> list[Any]:
-        """``batch_size`` distinct rows (repeats only when fewer tasks are left to draw)."""
+        """``batch_size`` distinct rows (repeats only when fewer tasks are left to draw), one ``group_by``
+        group after another when that is set."""
         weights = self.weights()
         if weights.sum() <= 0:  # everything is mastered or hopeless: draw uniformly
             weights = torch.ones_like(weights)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.draws)
         self.draws += 1
         live = int((weights > 0).sum())
-        picks = torch.multinomial(weights, min(batch_size, live), replacement=False, generator=generator)
-        rows = [self.tasks[i] for i in picks.tolist()]
+        if self._group_of is None:
+            picks = torch.multinomial(weights, min(batch_size, live), replacement=False, generator=generator)
+            picked = picks.tolist()
+        else:
+            picked = self._grouped_picks(weights, min(batch_size, live), generator)
+        rows = [self.tasks[i] for i in picked]
         while len(rows) < batch_size:
             rows += rows[: batch_size - len(rows)]
         return rows
+
+    def _grouped_picks(self, weights: torch.Tensor, count: int, generator: torch.Generator) -> list[int]:
+        """``count`` distinct task indices: a group drawn by its total weight, then its tasks by theirs,
+        until the batch is full."""
+        group_of = self._group_of
+        left = weights.clone()
+        picked: list[int] = []
+        while len(picked) < count:
+            totals = torch.zeros(int(group_of.max()) + 1, dtype=left.dtype).index_add_(0, group_of, left)
+            group = int(torch.multinomial(totals, 1, generator=generator))
+            members = torch.where(group_of == group, left, torch.zeros_like(left))
+            take = min(count - len(picked), int((members > 0).sum()))
+            chosen = torch.multinomial(members, take, replacement=False, generator=generator)
+            left[chosen] = 0.0
+            picked += chosen.tolist()
+        return picked
 
     def record(self, outcomes: Sequence[tuple[Any, int, int]]) -> None:
         """Add ``(task row, successes, attempts)`` outcomes; rows not in the training set are ignored."""

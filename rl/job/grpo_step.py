@@ -45,7 +45,7 @@ def task_stream(parts: Parts, cfg: DictConfig) -> TaskStream | Curriculum:
     c = cfg.curriculum
     if not c.enabled:
         return TaskStream(parts.train_tasks, seed=cfg.seed)
-    return Curriculum(parts.train_tasks, cfg.seed, c.pool_by, c.prior_strength, c.min_attempts)
+    return Curriculum(parts.train_tasks, cfg.seed, c.pool_by, c.prior_strength, c.min_attempts, c.group_by)
 
 
 def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler):

@@ -68,3 +68,41 @@ def test_rows_not_in_the_training_set_are_ignored_and_bad_settings_refused():
     ]
     with pytest.raises(ValueError, match="task set is empty"):
         Curriculum([])
+
+
+def _databases(sizes):
+    return [{"q": f"{db}{i}", "db_id": db, "family": "f"} for db, n in sizes.items() for i in range(n)]
+
+
+def test_grouped_draws_fill_a_batch_from_one_database_chosen_by_its_total_weight():
+    tasks = _databases({"a": 10, "b": 10, "c": 2})
+    c = Curriculum(tasks, seed=1, group_by="db_id", prior_strength=0.0, min_attempts=1000)
+    # own records only (prior 0): p = 1/2 in a (weight 0.25 each), p = 0.9 in b (0.09 each), c untried
+    c.record([(t, 1, 2) for t in tasks[:10]] + [(t, 9, 10) for t in tasks[10:20]])
+    c.record([(tasks[20], 1, 2), (tasks[21], 1, 2)])
+    counts = {"a": 0, "b": 0, "c": 0}
+    for _ in range(600):
+        batch = c.next_batch(2)
+        assert len({row["q"] for row in batch}) == 2
+        dbs = {row["db_id"] for row in batch}
+        assert len(dbs) == 1  # every database here holds at least two live tasks
+        counts[dbs.pop()] += 1
+    # by hand: group totals a 10 x 0.25 = 2.5, b 10 x 0.09 = 0.9, c 2 x 0.25 = 0.5, of 3.9
+    for db, total in {"a": 2.5, "b": 0.9, "c": 0.5}.items():
+        assert counts[db] / 600 == pytest.approx(total / 3.9, abs=0.06)
+
+
+def test_grouped_draws_move_to_another_database_when_one_runs_out():
+    tasks = _databases({"a": 3, "b": 3})
+    c = Curriculum(tasks, seed=2, group_by="db_id")
+    for _ in range(20):
+        batch = c.next_batch(4)
+        dbs = [row["db_id"] for row in batch]
+        assert len({row["q"] for row in batch}) == 4
+        assert dbs.count(dbs[0]) == 3  # the first database is used up before the second is drawn from
+    assert len({row["q"] for row in c.next_batch(8)}) == 6  # only then are tasks repeated
+
+
+def test_grouping_by_a_field_the_tasks_lack_is_refused():
+    with pytest.raises(ValueError, match=r"curriculum.group_by=database: no training task has a field"):
+        Curriculum(TASKS, group_by="database")
