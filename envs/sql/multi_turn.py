@@ -13,6 +13,7 @@ from typing import Any
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
 from envs.sql.grading import ExecutionMatchEnv, check_reward_args, grade_completion, sql_rewards
+from envs.sql.names import SQL_TAGS, SchemaNames, schema_names
 from envs.sql.prompts import check_schema_style, format_result, task_messages
 from envs.sql.sandbox import execute
 
@@ -38,13 +39,27 @@ def _observation(text: str) -> str:
 class SqlMultiTurnEpisode:
     """A text-to-SQL episode with up to ``max_turns`` actions."""
 
-    def __init__(self, task: Mapping[str, Any], messages: list[dict[str, str]], env: SqlMultiTurnEnv) -> None:
+    def __init__(
+        self,
+        task: Mapping[str, Any],
+        messages: list[dict[str, str]],
+        env: SqlMultiTurnEnv,
+        constraints: tuple[SchemaNames, SchemaNames] | None = None,
+    ) -> None:
         self.task = task
         self.messages = messages
+        self._constraints = constraints  # the first reply's (after the response prefix), the later ones'
         self.max_turns = env.max_turns
         self.num_turns = 0
         self.done = False
         self._env = env
+
+    @property
+    def constraint(self) -> SchemaNames | None:
+        """The engine's constraint on the queries of the next reply (`envs.sql.names`)."""
+        if self._constraints is None:
+            return None
+        return self._constraints[min(self.num_turns, 1)]
 
     def step(self, action_text: str) -> StepResult:
         """Run an exploratory query, grade a final answer, or explain the expected tags."""
@@ -74,7 +89,10 @@ class SqlMultiTurnEpisode:
 
 
 class SqlMultiTurnEnv(ExecutionMatchEnv):
-    """Multi-turn text-to-SQL in the style of SkyRL-SQL."""
+    """Multi-turn text-to-SQL in the style of SkyRL-SQL.
+
+    ``constrain_names``: the engine keeps the queries of every reply (in <sql> and <answer>) to the tables and
+    columns of the task's database (``envs.sql.names.SchemaNames``)."""
 
     stop = ("</sql>", "</answer>")  # a turn ends where the env takes over
 
@@ -90,6 +108,7 @@ class SqlMultiTurnEnv(ExecutionMatchEnv):
         observation_max_chars: int = 1000,
         partial_weight: float = 0.0,
         response_prefix: str = "",
+        constrain_names: bool = False,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -105,6 +124,7 @@ class SqlMultiTurnEnv(ExecutionMatchEnv):
         self.observation_max_rows = observation_max_rows
         self.observation_max_chars = observation_max_chars
         self.response_prefix = response_prefix
+        self.constrain_names = constrain_names
 
     def demonstration(self, task: Mapping[str, Any]) -> str:
         """The ideal first reply to ``task``: its gold query as the final answer, so a warm start teaches the
@@ -114,6 +134,10 @@ class SqlMultiTurnEnv(ExecutionMatchEnv):
     def start(self, task: Mapping[str, Any]) -> SqlMultiTurnEpisode:
         """Open an episode; the instructions state the tags and the turn budget."""
         instructions = MULTI_TURN_INSTRUCTIONS.format(max_turns=self.max_turns)
-        return SqlMultiTurnEpisode(
-            task, task_messages(task, instructions, self.sample_rows, self.schema_style), self
-        )
+        messages = task_messages(task, instructions, self.sample_rows, self.schema_style)
+        constraints = None
+        if self.constrain_names:
+            names = schema_names(task["db_path"])
+            first = SchemaNames(names, self.response_prefix, SQL_TAGS)
+            constraints = (first, SchemaNames(names, "", SQL_TAGS))
+        return SqlMultiTurnEpisode(task, messages, self, constraints)

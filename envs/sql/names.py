@@ -6,7 +6,8 @@ al., 2021) answered this by parsing each candidate token incrementally and dropp
 valid SQL; `SchemaNames` does the part of that which concerns names. The engine asks it about each token it
 samples (`rollout_engine.constraints`) and samples again without the tokens it vetoes.
 
-What a reply may write, read from the text of its ```sql block with string literals skipped:
+What a reply may write, read from the text of its SQL block (```sql ... ```, or the multi-turn env's <sql> and
+<answer> tags: `SQL_FENCE`, `SQL_TAGS`) with string literals skipped:
 - a word is an SQL keyword or function, a table, a column or an alias the query defined; a word still being
   written is the start of one (or, before the query's FROM, of a short alias such as T1 that FROM defines);
 - FROM, JOIN and a comma in the FROM clause are followed by a table of the database (or a subquery);
@@ -15,8 +16,9 @@ What a reply may write, read from the text of its ```sql block with string liter
 - after the FROM clause, an unqualified column belongs to one of the query's tables (or an enclosing query's);
   the ones the SELECT list used before it must all have found their table when the FROM clause ends, and the
   first table of a query whose SELECT list used no qualified names must hold one of them.
-A query that starts with WITH is not checked. Only what the newest token changes counts (`start`), so a reply
-that the engine had to let through once (every likely token vetoed) is not held up for the rest of its length.
+Only a block that starts with SELECT is checked (not WITH, nor an exploring PRAGMA). Only what the newest
+token changes counts (`start`), so a reply that the engine had to let through once (every likely token
+vetoed) is not held up for the rest of its length.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ _LEXEME = re.compile(
 )
 _PUNCT = frozenset("(),.*=<>!+-/%|;~&")  # what SQLite's grammar has between names (a quote opens a string)
 _LONG_SPACE = re.compile(r"[ \t]{4,}|\s*\n\s*\n")  # Spider writes "a  =  b", now and then with three
-_FENCE = re.compile(r"```sql[ \t]*\n", re.IGNORECASE)
-_WITH = re.compile(r"\s*with\b", re.IGNORECASE)
+# Where a reply's query starts and ends: a fenced block, or the multi-turn env's tags (closings lower-case).
+SQL_FENCE = (re.compile(r"```sql[ \t]*\n", re.IGNORECASE), ("```",))
+SQL_TAGS = (re.compile(r"<(?:sql|answer)>", re.IGNORECASE), ("</sql>", "</answer>"))
+# A block that is checked: it starts with SELECT, or with what may still become it.
+_SELECT_START = re.compile(r"\s*(?:select\b|s(?:e(?:l(?:e(?:c(?:t)?)?)?)?)?\Z|\Z)", re.IGNORECASE)
 _ANY = None  # the columns of a subquery in FROM: not checked
 
 
@@ -79,27 +84,44 @@ def schema_names(db_path: str) -> dict[str, frozenset[str]]:
 
 class SchemaNames:
     """The engine's constraint (`rollout_engine.constraints.Constraint`) on the replies to one database's
-    questions. `lead` is the reply's start that the prompt already holds (the env's response prefix)."""
+    questions. `lead` is the reply's start that the prompt already holds (the env's response prefix);
+    `block` is where the query stands in a reply (`SQL_FENCE` or `SQL_TAGS`)."""
 
-    def __init__(self, names: dict[str, frozenset[str]], lead: str = "") -> None:
+    def __init__(self, names: dict[str, frozenset[str]], lead: str = "", block: tuple = SQL_FENCE) -> None:
         self.names = names
         self.lead = lead
+        self.opening, self.closings = block
         self.columns = frozenset().union(*names.values()) | _ROWID
         self.words = _KEYWORDS | _FUNCTIONS | self.columns | frozenset(names)
 
     def accepts(self, text: str, start: int) -> bool:
         """Whether the reply `text` breaks no rule (module docstring) at or after its character `start`."""
         full = self.lead + text
-        fence = _FENCE.search(full)
-        if fence is None:
+        opening = self.opening.search(full)
+        if opening is None:
             return True
-        close = full.find("```", fence.end())
-        sql = full[fence.end() : close if close >= 0 else len(full)]
-        if _WITH.match(sql):
+        rest = full[opening.end() :]
+        lowered = rest.lower()
+        closed = [(i, len(closing)) for closing in self.closings if (i := lowered.find(closing)) >= 0]
+        if closed:
+            cut, size = min(closed)
+            sql, end_at = rest[:cut], cut + size
+        else:
+            sql, end_at = _unclosed(rest, self.closings), None
+        if not _SELECT_START.match(sql):
             return True
-        reader = _Reader(self, len(self.lead) + start - fence.end())
-        reader.read(sql, complete=close >= 0)
+        reader = _Reader(self, len(self.lead) + start - opening.end())
+        reader.read(sql, end_at)
         return not reader.violation
+
+
+def _unclosed(sql: str, closings: tuple[str, ...]) -> str:
+    """The query of a block not closed yet, less an end that may be the start of its closing."""
+    lowered = sql.lower()
+    for size in range(max(map(len, closings)) - 1, 0, -1):
+        if any(closing.startswith(lowered[-size:]) for closing in closings if len(lowered) >= size):
+            return sql[:-size]
+    return sql
 
 
 @dataclass(eq=False)
@@ -139,11 +161,13 @@ class _Reader:
 
     def fail(self, at: int) -> None:
         """A violation that shows once the text has `at` characters (a word's shows with the character after
-        it, which completes it; the end of the query's with its closing fence, len(sql) + 3)."""
+        it, which completes it; the end of the query's, and its last word's, with its closing)."""
         if at > self.start:
             self.violation = True
 
-    def read(self, sql: str, complete: bool) -> None:
+    def read(self, sql: str, end_at: int | None) -> None:
+        """Read the query `sql`; `end_at`: where its closing ends, None while the block is open."""
+        complete = end_at is not None
         for run in _LONG_SPACE.finditer(sql):  # padding is no way around a veto
             self.fail(run.end())
         lexemes = [(m.lastgroup, m.group(), m.end()) for m in _LEXEME.finditer(sql)]
@@ -156,11 +180,11 @@ class _Reader:
                 # may still grow, unless the query ended. A function's name waits for its "(" past a space.
                 following = lexemes[i + 1] if i + 1 < len(lexemes) else None
                 partial = end == len(sql) and not complete
-                at = end if partial else end + 1
+                at = end if partial else (end_at if end == len(sql) else end + 1)
                 name = names[i]
                 if name in _FUNCTIONS and sql[end : end + 1].isspace():
                     partial = following is None and not complete
-                    at = len(sql) if partial else (following[2] if following else len(sql) + 3)
+                    at = len(sql) if partial else (following[2] if following else end_at)
                 if i >= 2 and lexemes[i - 1][1] == "." and lexemes[i - 2][0] in ("word", "quoted"):
                     self.column_of(names[i - 2], name, at, partial)
                 elif following and following[1] == ".":
@@ -169,9 +193,9 @@ class _Reader:
                     self.word(name, at, partial, call=bool(following) and following[1] == "(")
         if complete:
             while len(self.queries) > 1:
-                self.close_from(self.query, len(sql) + 3)
+                self.close_from(self.query, end_at)
                 self.queries.pop()
-            self.close_from(self.query, len(sql) + 3)
+            self.close_from(self.query, end_at)
 
     # scopes
 

@@ -72,7 +72,7 @@ def play_groups(
     (truncated). `response_prefix` (an env's declared start of every first reply) ends each prompt, so it
     is never trained on, and is put back in front of the first action the environment sees. `on_done(n)`
     hears of the groups as they end, n at a time (`GroupCountdown`), for a caller's progress bar. An episode's
-    `constraint` (optional, e.g. `envs.sql.names.SchemaNames`) vetoes tokens of its first reply in the engine.
+    `constraint` (optional, e.g. `envs.sql.names.SchemaNames`) vetoes tokens of its replies in the engine.
     """
     prompts = [prompt_token_ids(tokenizer, group[0].messages, response_prefix) for group in groups]
     trajectories = [[Trajectory(prompt_ids=list(p)) for _ in g] for p, g in zip(prompts, groups, strict=True)]
@@ -104,8 +104,9 @@ def play_groups(
         continuations = [t.prompt_ids + t.completion_ids for _, t in still]
         room = min(params.max_tokens, max_completion_tokens - max(len(t.completion_ids) for _, t in still))
         next_params = replace(params, n=1, max_tokens=max(room, 1), seed=_turn_seed(params.seed, turn))
+        each = [replace(next_params, constraint=getattr(groups[i][g], "constraint", None)) for i, g in active]
         replied = partial(countdown.replied, [[key] for key in active], turn + 1)  # one per episode
-        samples = [r.samples[0] for r in engine.generate(continuations, next_params, on_finished=replied)]
+        samples = [r.samples[0] for r in engine.generate(continuations, each, on_finished=replied)]
     for group in trajectories:
         for traj in group:
             traj.text = response_prefix + tokenizer.decode(traj.completion_ids, skip_special_tokens=True)

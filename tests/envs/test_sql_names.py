@@ -5,7 +5,8 @@ import sqlite3
 
 import pytest
 
-from envs.sql.names import SchemaNames, schema_names
+from envs.sql.multi_turn import SqlMultiTurnEnv
+from envs.sql.names import SQL_TAGS, SchemaNames, schema_names
 from envs.sql.single_turn import SqlEnv
 
 LEAD = "```sql\nSELECT"
@@ -134,6 +135,35 @@ def test_a_reply_is_judged_inside_its_sql_fence_only(db):
     assert rule.accepts("```sql\nWITH x AS (SELECT 1) SELECT grz FROM x", 41)  # WITH is not checked
 
 
+def written_at_every_character(rule, text):
+    return all(rule.accepts(text[:i], i - 1) for i in range(1, len(text) + 1))
+
+
+@pytest.mark.parametrize("sql", VALID)
+def test_the_multi_turn_tags_hold_queries_sqlite_runs(db, sql):
+    rule = SchemaNames(schema_names(db), "", SQL_TAGS)
+    assert written_at_every_character(rule, f"Let me look first. <sql>{sql}</sql>")
+    assert written_at_every_character(rule, f"<answer>\n{sql}\n</answer>")
+
+
+@pytest.mark.parametrize("sql", WRONG_NAMES)
+def test_the_multi_turn_tags_refuse_queries_sqlite_refuses_for_a_name(db, sql):
+    rule = SchemaNames(schema_names(db), "", SQL_TAGS)
+    assert not written_at_every_character(rule, f"<sql>{sql}</sql>")
+    assert not written_at_every_character(rule, f"<ANSWER>{sql}</ANSWER>")
+
+
+def test_a_tagged_query_is_judged_up_to_its_closing_tag_and_only_when_it_is_a_select(db):
+    rule = SchemaNames(schema_names(db), "", SQL_TAGS)
+    assert not rule.accepts("<sql>SELECT grz ", 15)
+    assert rule.accepts("<sql>SELECT grade FROM list WHERE grade <", 40)  # "<" may compare or close
+    assert rule.accepts("<sql>SELECT grade FROM list </ans", 31)  # the closing tag, half written
+    assert not rule.accepts("<sql>SELECT grade FROM list </ans>", 33)  # not a closing tag after all
+    assert rule.accepts("<sql>SELECT grade FROM list</sql> then grz", 40)  # after the block: prose
+    assert rule.accepts("<sql>PRAGMA table_info(list)</sql>", 20)  # exploring without SELECT: unchecked
+    assert rule.accepts("<sql>sel", 7) and not rule.accepts("<sql>select grz ", 15)
+
+
 def test_the_sql_env_puts_the_constraint_on_its_episodes_only_when_asked(db):
     task = {"question": "Which grades?", "db_path": db, "gold_sql": "SELECT grade FROM list"}
     assert SqlEnv(response_prefix=LEAD).start(task).constraint is None
@@ -142,3 +172,16 @@ def test_the_sql_env_puts_the_constraint_on_its_episodes_only_when_asked(db):
     for rule in (episode.constraint, sent):
         assert rule.accepts(" grade FROM list\n```", 19)
         assert not rule.accepts(" grade FROM teachers\n```", 23)
+
+
+def test_the_multi_turn_env_constrains_every_turn_and_the_prefix_only_on_the_first(db):
+    task = {"question": "Which grades?", "db_path": db, "gold_sql": "SELECT grade FROM list"}
+    assert SqlMultiTurnEnv().start(task).constraint is None
+    episode = SqlMultiTurnEnv(constrain_names=True, response_prefix="<sql>SELECT").start(task)
+    first = pickle.loads(pickle.dumps(episode.constraint))
+    assert first.accepts(" grade FROM list</sql>", 21) and not first.accepts(" grz ", 4)
+    episode.step("<sql>SELECT grade FROM list</sql>")  # an exploring turn: the episode goes on
+    later = episode.constraint
+    assert later.accepts("<answer>SELECT grade FROM list</answer>", 38)
+    assert not later.accepts("<answer>SELECT grade FROM teachers</answer>", 42)
+    assert later.accepts("The grades are known now.", 24)  # prose: the reply holds no query

@@ -80,7 +80,7 @@ def test_multi_turn_masks_observations_and_continues_from_the_whole_conversation
     assert (first.reward, first.num_turns, first.rewards) == (1.0, 2, {"execution": 1.0})
     assert second.completion_ids == answer and second.num_turns == 1
     # the continuation re-sends the whole conversation once, with n=1 and a fresh seed
-    ((cont_prompts, cont_params),) = engine.calls[1:]
+    ((cont_prompts, (cont_params,)),) = engine.calls[1:]  # one request, with its own SamplingParams
     assert cont_prompts == [prompt + explore + obs]
     assert (cont_params.n, cont_params.max_tokens) == (1, 32) and cont_params.seed != params.seed
 
@@ -177,8 +177,8 @@ class Constrained(ExploreThenAnswer):
         self.constraint = constraint
 
 
-def test_an_episodes_constraint_goes_with_its_first_reply_only(tokenizer):
-    """Each group's first request carries its own episodes' constraint; continuations carry none."""
+def test_an_episodes_constraint_goes_with_each_of_its_replies(tokenizer):
+    """Each group's first request carries its episodes' constraint, and each continuation its episode's."""
     rule_a, rule_b = Rule(), Rule()
     engine = ScriptedEngine(
         tokenizer, [["<sql>x</sql>", "<sql>y</sql>", "<sql>z</sql>"], ["<answer>ok</answer>"] * 3]
@@ -189,7 +189,8 @@ def test_an_episodes_constraint_goes_with_its_first_reply_only(tokenizer):
     (_, first), (_, continuation) = engine.calls
     assert [p.constraint for p in first] == [rule_a, None, rule_b]
     assert [p.max_tokens for p in first] == [8, 8, 8] and params.constraint is None
-    assert continuation.constraint is None
+    assert [p.constraint for p in continuation] == [rule_a, None, rule_b]
+    assert [p.n for p in continuation] == [1, 1, 1]
 
 
 class OneTry(ExploreThenAnswer):
