@@ -51,6 +51,7 @@ class StepStats:
     num_rows_skipped: int  # rows left out of the forward and backward: their gradient is 0 (rows_that_train)
     completions: CompletionStats
     sampling: dict[str, float]  # ISCorrection.as_dict() names: the sampler/trainer logprob mismatch
+    anchor_nll: float | None = None  # the anchor demonstrations' NLL (train_step's anchor), mean over passes
 
     def as_dict(self) -> dict[str, float]:
         """Flat metric names for the logger."""
@@ -65,6 +66,8 @@ class StepStats:
         for name in CompletionStats.__slots__:
             out[f"completions/{name}"] = getattr(self.completions, name)
         out.update(self.sampling)
+        if self.anchor_nll is not None:
+            out["anchor/nll"] = self.anchor_nll
         return out
 
 

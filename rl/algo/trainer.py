@@ -23,6 +23,9 @@ from rl.settings import Rule, at_least, check_args, optional, positive
 # the trainer.* keys of a step's micro-batches and clipping (rl.job.config.TrainerConfig), as train_step
 # takes them
 MICRO_BATCH_SIZE_RULE: Rule = ("micro_batch_size", at_least(1), "use an integer >= 1")
+# the per-sequence mean (grpo aggregation) of the policy loss at ratio 1: on rows of advantage w, the gradient
+# of w x the mean per-token negative log-likelihood of each sequence (a demonstration's, for supervised steps)
+NLL = LossConfig(loss_type="grpo")
 MAX_GRAD_NORM_RULE: Rule = (
     "max_grad_norm",
     optional(positive),
@@ -151,6 +154,13 @@ def accumulate_gradients(
     return combine_loss_stats(parts, num_tokens)
 
 
+def mean_sequence_nll(batch: RolloutBatch, logprobs: torch.Tensor) -> float:
+    """The mean over `batch`'s rows of each row's mean negative logprob [B, T] on its loss tokens."""
+    mask = batch.loss_mask.to(logprobs.device)
+    per_sequence = (logprobs * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    return -per_sequence.mean().item()
+
+
 def rows_that_train(batch: RolloutBatch, loss: LossConfig, max_completion_length: int | None) -> torch.Tensor:
     """Indices of the rows whose loss term can be nonzero, in order; never empty.
 
@@ -227,6 +237,7 @@ def train_step(
     max_grad_norm: float | None,
     temperature: float,
     max_completion_length: int | None = None,
+    anchor: RolloutBatch | None = None,
 ) -> StepStats:
     """loss.num_iterations (mu) optimizer steps over `batch`, each accumulating gradients over micro-batches.
 
@@ -235,7 +246,9 @@ def train_step(
     optimizer or scheduler step, gradients cleared, counted in num_skipped_steps. Rows whose gradient is
     exactly zero are not run (`rows_that_train`, counted in num_rows_skipped); the loss statistics and the
     sampler/trainer mismatch are then over the rows that ran. temperature: the sampling temperature;
-    max_completion_length: the generation length limit (loss_type dr_grpo divides by it).
+    max_completion_length: the generation length limit (loss_type dr_grpo divides by it). anchor: rows
+    (demonstrations) whose NLL, times each row's advantage, joins every pass's loss, as InstructGPT's PPO-ptx
+    mixes in its pretraining loss: the policy keeps what supervision taught while the reward moves it.
     """
     check_args(
         (MICRO_BATCH_SIZE_RULE, MAX_GRAD_NORM_RULE),
@@ -260,6 +273,9 @@ def train_step(
     losses, grad_norms, skipped, lr = [], [], 0, 0.0
     # Without a correction the sampler/trainer mismatch is still reported, from the first pass's logprobs.
     seen = torch.zeros(batch.input_ids.shape, device=model_device(model)) if correction is None else None
+    anchor_nll: list[float] = []
+    if anchor is not None:
+        anchor_logprobs = torch.zeros(anchor.input_ids.shape, device=model_device(model))
     for iteration in range(loss.num_iterations):
         stats = accumulate_gradients(
             model, batch, loss, micro_batch_size=micro_batch_size,
@@ -267,7 +283,14 @@ def train_step(
             is_weights=is_weights, temperature=temperature, record_logprobs=seen if iteration == 0 else None,
             counts=counts,
         )  # fmt: skip
-        stepped, grad_norm, lr = optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
+        total = stats.loss
+        if anchor is not None:
+            anchored = accumulate_gradients(
+                model, anchor, NLL, micro_batch_size=micro_batch_size, record_logprobs=anchor_logprobs
+            )
+            total = total + anchored.loss
+            anchor_nll.append(mean_sequence_nll(anchor, anchor_logprobs))
+        stepped, grad_norm, lr = optimizer_step(optimizer, scheduler, params, max_grad_norm, total)
         skipped += not stepped
         losses.append(stats)
         grad_norms.append(grad_norm)
@@ -281,4 +304,5 @@ def train_step(
         num_rows_skipped=num_rows - batch.num_sequences,
         completions=completions,
         sampling=(correction or _mismatch(batch, seen, loss.is_cap)).as_dict(),
+        anchor_nll=sum(anchor_nll) / len(anchor_nll) if anchor_nll else None,
     )

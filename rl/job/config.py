@@ -160,6 +160,7 @@ class SftConfig(Settings):
             optional(at_least(1)),
             "use an integer >= 1, or null for trainer.micro_batch_size",
         ),
+        ("anchor_coef", at_least(0), "use a number >= 0 (0: GRPO steps take no demonstrations)"),
     )
 
     steps: int = 0  # 0: no warm start
@@ -171,6 +172,9 @@ class SftConfig(Settings):
     # the same prompt run it once (rl.algo.logprobs), so where a batch shares its prompt's schema
     # (env.shared_prompt_key) one micro-batch of the whole batch runs that schema once, not once per part
     micro_batch_size: int | None = None
+    # > 0: every GRPO step adds this x the NLL of one batch of these demonstrations (sft.batch_size rows) to
+    # its policy loss (PPO-ptx), so GRPO keeps what the warm start taught while the reward moves the policy
+    anchor_coef: float = 0.0
 
 
 @dataclass

@@ -19,6 +19,7 @@ from rl.job.guidance import guide_failed_groups
 from rl.job.loop_metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
 from rl.job.parts import Parts, grpo_version
 from rl.job.play import group_rewards, play_groups, to_rollout_batch
+from rl.job.sft import DemoSampler, demo_batch, demonstrations
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
 
@@ -49,9 +50,11 @@ def task_stream(parts: Parts, cfg: DictConfig) -> TaskStream | Curriculum:
 
 
 def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler):
-    """train_step bound to everything but the batch: the model, its optimizer and LR schedule, the algo.*
-    settings of the update (a LossConfig, checked once here), micro-batches and the sampling settings."""
-    return partial(
+    """train_step bound to everything but the batch and the step: the model, its optimizer and LR schedule,
+    the algo.* settings of the update (a LossConfig, checked once here), micro-batches and the sampling
+    settings. With sft.anchor_coef > 0 each step's loss also takes that much of the NLL of a batch of the
+    env's demonstrations, drawn by the step (`DemoSampler.batch_at`), so a resume draws the same."""
+    update = partial(
         train_step,
         parts.train_model,
         optimizer,
@@ -62,6 +65,12 @@ def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler):
         temperature=cfg.rollout.temperature,
         max_completion_length=cfg.rollout.max_completion_tokens,
     )
+    if cfg.sft.anchor_coef == 0.0:
+        return lambda batch, step: update(batch)
+    demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
+    sampler = DemoSampler(demos, cfg.sft.batch_size, seed=cfg.seed + 1_000_003 * parts.dist.rank)
+    pad, coef = parts.tokenizer.pad_token_id, cfg.sft.anchor_coef
+    return lambda batch, step: update(batch, anchor=demo_batch(sampler.batch_at(step), pad, coef))
 
 
 def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: StepTimer):
@@ -128,7 +137,7 @@ def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: S
         rewards = group_rewards(groups)  # 2. rewards -> group-relative advantages
         advantages = compute_advantages(rewards, cfg.algo.estimator.value, cfg.algo.scale.value)
         batch = to_rollout_batch(groups, advantages, parts.tokenizer.pad_token_id)  # 3. the batch
-        stats = update(batch)  # 4. the clipped policy-gradient step on the LoRA weights
+        stats = update(batch, step)  # 4. the clipped policy-gradient step on the LoRA weights
     with timer("sync"):  # 5. the new adapter into the engine
         dp.check_replicas(lora_tensors(parts.model), parts.dist)
         sync_stats = parts.engine.update_lora(lora_tensors(parts.model), version=grpo_version(step))

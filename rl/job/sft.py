@@ -22,14 +22,10 @@ from typing import Any
 import torch
 
 from envs.base import Env, plugin_name, with_defaults
-from rl.algo.batch import collate_rollouts
-from rl.algo.losses import LossConfig
-from rl.algo.trainer import accumulate_gradients, model_device, optimizer_step
+from rl.algo.batch import RolloutBatch, collate_rollouts
+from rl.algo.trainer import NLL, accumulate_gradients, mean_sequence_nll, model_device, optimizer_step
 from rl.job.play import prompt_token_ids
 from rl.settings import ConfigError
-
-# the per-sequence mean (grpo aggregation) of the policy loss at ratio 1 and advantage 1: the NLL's gradient
-NLL = LossConfig(loss_type="grpo")
 
 
 @dataclass(slots=True)
@@ -84,13 +80,33 @@ class DemoSampler:
         for demo in demos:
             self.groups[demo.group].append(demo)
         self.batch_size = batch_size
+        self.seed = seed
         self._rng = random.Random(seed)
 
     def next_batch(self) -> list[Demonstration]:
+        return self._draw(self._rng)
+
+    def batch_at(self, draw: int) -> list[Demonstration]:
+        """A batch that depends on the seed and `draw` alone, so a resumed run draws the same."""
+        return self._draw(random.Random(self.seed * 1_000_003 + draw))
+
+    def _draw(self, rng: random.Random) -> list[Demonstration]:
         names = sorted(self.groups)
-        name = self._rng.choices(names, weights=[len(self.groups[n]) for n in names])[0]
+        name = rng.choices(names, weights=[len(self.groups[n]) for n in names])[0]
         pool = self.groups[name]
-        return self._rng.sample(pool, min(self.batch_size, len(pool)))
+        return rng.sample(pool, min(self.batch_size, len(pool)))
+
+
+def demo_batch(demos: Sequence[Demonstration], pad_token_id: int, weight: float = 1.0) -> RolloutBatch:
+    """The demonstrations as trainer rows of advantage `weight` (under `NLL`: weight x their NLL)."""
+    return collate_rollouts(
+        prompt_ids=[d.prompt_ids for d in demos],
+        completion_ids=[d.completion_ids for d in demos],
+        completion_logprobs=[[0.0] * len(d.completion_ids) for d in demos],
+        advantages=torch.full((len(demos),), float(weight)),
+        truncated=[False] * len(demos),
+        pad_token_id=pad_token_id,
+    )
 
 
 def sft_step(
@@ -104,27 +120,18 @@ def sft_step(
 ) -> dict[str, float]:
     """One optimizer step on the per-sequence mean NLL of ``demos`` (then one of ``scheduler``, when given);
     returns its metrics."""
-    batch = collate_rollouts(
-        prompt_ids=[d.prompt_ids for d in demos],
-        completion_ids=[d.completion_ids for d in demos],
-        completion_logprobs=[[0.0] * len(d.completion_ids) for d in demos],
-        advantages=torch.ones(len(demos)),
-        truncated=[False] * len(demos),
-        pad_token_id=pad_token_id,
-    )
+    batch = demo_batch(demos, pad_token_id)
     logprobs = torch.zeros(batch.input_ids.shape, device=model_device(model))
     stats = accumulate_gradients(
         model, batch, NLL, micro_batch_size=micro_batch_size, record_logprobs=logprobs
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     stepped, grad_norm, lr = optimizer_step(optimizer, scheduler, params, max_grad_norm, stats.loss)
-    mask = batch.loss_mask.to(logprobs.device)
-    per_sequence = (logprobs * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
     return {
-        "sft/nll": -per_sequence.mean().item(),
+        "sft/nll": mean_sequence_nll(batch, logprobs),
         "sft/grad_norm": grad_norm,
         "sft/lr": lr,
-        "sft/num_tokens": int(mask.sum().item()),
+        "sft/num_tokens": int(batch.loss_mask.sum().item()),
         "sft/skipped": float(not stepped),
     }
 

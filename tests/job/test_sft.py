@@ -7,10 +7,13 @@ from envs.sql.generator import generate_sql_tasks
 from envs.sql.grading import grade_completion
 from envs.sql.multi_turn import SqlMultiTurnEnv
 from envs.sql.single_turn import SqlEnv
+from rl.algo.batch import collate_rollouts
+from rl.algo.losses import LossConfig
+from rl.algo.trainer import train_step
 from rl.job.config import SftConfig
 from rl.job.model_loading import load_model
 from rl.job.play import prompt_token_ids
-from rl.job.sft import Demonstration, DemoSampler, demonstrations, sft_step
+from rl.job.sft import Demonstration, DemoSampler, demo_batch, demonstrations, sft_step
 from rl.sync.adapter import add_lora
 
 PREFIX = "```sql\nSELECT"
@@ -71,8 +74,17 @@ def test_sampler_batches_come_from_one_group_and_repeat_for_a_seed():
     for batch in drawn[0]:
         assert len({d.group for d in batch}) == 1 and len(batch) == 3
     assert {batch[0].group for batch in drawn[0]} == {"a", "b", "c"}
-    # the sft.* keys' own rule (check_config applies it before the sampler is built)
+    # batches by draw number: the same for the same draw, whatever came before
+    sampler = DemoSampler(demos, batch_size=3, seed=7)
+    first = [sampler.batch_at(draw) for draw in range(20)]
+    sampler.next_batch()
+    assert [sampler.batch_at(draw) for draw in range(20)] == first
+    assert len({tuple(id(d) for d in batch) for batch in first}) > 10
+    # the sft.* keys' own rules (check_config applies them before the sampler is built)
     assert SftConfig.problems(SftConfig(batch_size=0), "sft.") == ["sft.batch_size=0: use an integer >= 1"]
+    assert SftConfig.problems(SftConfig(anchor_coef=-1), "sft.") == [
+        "sft.anchor_coef=-1: use a number >= 0 (0: GRPO steps take no demonstrations)"
+    ]
 
 
 def reference_nll(model, demos):
@@ -86,32 +98,72 @@ def reference_nll(model, demos):
     return torch.stack(losses).mean()
 
 
-def test_one_step_has_the_gradient_of_the_mean_sequence_nll(tiny):
+# two rows share a 5-token prompt prefix (the trainer runs it once), one does not
+DEMOS = [
+    Demonstration([5, 6, 7, 8, 9, 10], [11, 12, 13], "x"),
+    Demonstration([5, 6, 7, 8, 9, 20, 21], [22, 23], "x"),
+    Demonstration([30, 31], [32, 33, 34, 35], "y"),
+]
+
+
+class Recorder(torch.optim.SGD):
+    """Keeps the gradients it is asked to step on, and leaves the weights alone."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+        self.params = params
+
+    def step(self, closure=None):
+        self.seen = [p.grad.clone() for p in self.params]
+
+
+def perturbed_lora(tiny):
     model, _ = tiny
     torch.manual_seed(0)
     for name, param in model.named_parameters():
         if "lora_B" in name:
             param.data.normal_(0.0, 0.05)
-    # two rows share a 5-token prompt prefix (the trainer runs it once), one does not
-    demos = [
-        Demonstration([5, 6, 7, 8, 9, 10], [11, 12, 13], "x"),
-        Demonstration([5, 6, 7, 8, 9, 20, 21], [22, 23], "x"),
-        Demonstration([30, 31], [32, 33, 34, 35], "y"),
-    ]
-    params = [p for p in model.parameters() if p.requires_grad]
-    model.zero_grad()
-    expected_loss = reference_nll(model, demos)
-    expected_loss.backward()
-    expected = [p.grad.clone() for p in params]
-    model.zero_grad()
+    return model, [p for p in model.parameters() if p.requires_grad]
 
-    class Recorder(torch.optim.SGD):
-        def step(self, closure=None):
-            self.seen = [p.grad.clone() for p in params]
 
-    optimizer = Recorder(params, lr=0.0)
+def nll_gradient(model, params, demos):
+    model.zero_grad()
+    loss = reference_nll(model, demos)
+    loss.backward()
+    grads = [p.grad.clone() for p in params]
+    model.zero_grad()
+    return loss, grads
+
+
+def test_one_step_has_the_gradient_of_the_mean_sequence_nll(tiny):
+    model, params = perturbed_lora(tiny)
+    demos = DEMOS
+    expected_loss, expected = nll_gradient(model, params, demos)
+    optimizer = Recorder(params)
     metrics = sft_step(model, optimizer, demos, pad_token_id=0, micro_batch_size=2, max_grad_norm=None)
     assert metrics["sft/nll"] == pytest.approx(expected_loss.item(), rel=1e-5)
     assert metrics["sft/num_tokens"] == 9
     for got, want in zip(optimizer.seen, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_an_anchored_grpo_step_adds_coef_times_the_demonstrations_nll_gradient(tiny):
+    model, params = perturbed_lora(tiny)
+    rollouts = collate_rollouts(
+        prompt_ids=[[40, 41, 42], [40, 41, 42]],
+        completion_ids=[[43, 44], [45, 46, 47]],
+        completion_logprobs=[[-1.0, -1.0], [-1.0, -1.0, -1.0]],
+        advantages=torch.tensor([1.0, -1.0]),
+        truncated=[False, False],
+        pad_token_id=0,
+    )
+    step = dict(loss=LossConfig(), micro_batch_size=2, max_grad_norm=None, temperature=1.0)
+    alone = Recorder(params)
+    train_step(model, alone, None, rollouts, **step)
+    expected_nll, nll_grads = nll_gradient(model, params, DEMOS)
+    anchored = Recorder(params)
+    stats = train_step(model, anchored, None, rollouts, anchor=demo_batch(DEMOS, 0, 0.3), **step)
+    assert stats.as_dict()["anchor/nll"] == pytest.approx(expected_nll.item(), rel=1e-5)
+    assert "anchor/nll" not in train_step(model, alone, None, rollouts, **step).as_dict()
+    for got, rl, nll in zip(anchored.seen, alone.seen, nll_grads, strict=True):
+        torch.testing.assert_close(got, rl + 0.3 * nll, rtol=1e-4, atol=1e-6)

@@ -238,7 +238,7 @@ def test_guidance_puts_a_demonstration_in_every_group_a_random_model_fails(tmp_p
 def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tmp_path):
     result = run(
         tmp_path, "num_steps=2", "sft.steps=3", "sft.batch_size=4", "curriculum.enabled=true",
-        "curriculum.pool_by=[family]", SMALL_SQL,
+        "curriculum.pool_by=[family]", "curriculum.group_by=db_id", "sft.anchor_coef=0.5", SMALL_SQL,
     )  # fmt: skip
     assert [(p.stage, p.step) for p in result.evals] == [("base", 0), ("sft", 3), ("grpo", 2)]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -250,6 +250,8 @@ def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tmp
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r.get("stage") == "sft" and "sft/nll" in r] == [1, 2, 3]
     assert all(math.isfinite(r["sft/nll"]) for r in records if "sft/nll" in r)
+    # the anchor's demonstrations join each GRPO step's loss
+    assert all(math.isfinite(step["anchor/nll"]) and step["anchor/nll"] > 0 for step in result.history)
     rates = {k: v for k, v in result.history[-1].items() if k.startswith("curriculum/pass_rate/")}
     assert rates and all(0.0 < v < 1.0 for v in rates.values())  # Beta(1, 1) posteriors stay inside
 
