@@ -59,7 +59,7 @@ def test_long_preset_overrides_the_default_job(compose_train):
     assert long.sft == default.sft and long.curriculum == default.curriculum
 
 
-def test_the_spider_experiment_trains_on_real_questions_with_a_longer_warm_start_and_execution_reward(
+def test_the_spider_experiment_trains_on_real_questions_with_a_long_warm_start_and_execution_reward(
     compose_train,
 ):
     default = compose_train(["run_dir=/tmp/run"])
@@ -70,8 +70,9 @@ def test_the_spider_experiment_trains_on_real_questions_with_a_longer_warm_start
         "test_fraction": 0.1,
         "split_seed": 0,
     }
-    assert (spider.sft.steps, spider.num_steps, spider.eval_every) == (200, 20, 0)
-    assert (spider.rollout.max_tokens, spider.env.eval_tasks) == (128, 400)
+    # an hour of warm start and no GRPO step: GRPO lost to the same time of supervised steps (bench/RESULTS.md)
+    assert (spider.sft.steps, spider.num_steps, spider.eval_every) == (330, 0, 0)
+    assert (spider.rollout.max_tokens, spider.env.eval_tasks) == (128, 2000)
     # the SQL recipe's other choices stay
     assert spider.curriculum == default.curriculum and spider.trainer.lr == 5.0e-5
     assert spider.rollout.temperature == 0.8
