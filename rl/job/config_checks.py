@@ -45,6 +45,11 @@ def config_problems(cfg: DictConfig) -> list[str]:
             f"eval.samples={cfg.eval.samples!r}: use at most rollout.max_num_seqs={cfg.rollout.max_num_seqs} "
             "(a task's samples are one request, run together), or raise that"
         )
+    if cfg.curriculum.group_by and not cfg.curriculum.enabled:
+        problems.append(
+            f"curriculum.group_by={cfg.curriculum.group_by}: it shapes the curriculum's draws, which "
+            "curriculum.enabled=false turns off; set curriculum.enabled=true, or curriculum.group_by=null"
+        )
     return problems
 
 

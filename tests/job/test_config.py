@@ -70,7 +70,7 @@ def test_the_spider_experiment_trains_on_real_questions_with_a_long_warm_start_a
         "test_fraction": 0.1,
         "split_seed": 0,
     }
-    # an hour of warm start and no GRPO step: GRPO lost to the same time of supervised steps (bench/RESULTS.md)
+    # an hour of warm start, no GRPO step: GRPO lost to the same time of supervised steps (bench/RESULTS.md)
     assert (spider.sft.steps, spider.num_steps, spider.eval_every) == (330, 0, 0)
     assert (spider.rollout.max_tokens, spider.env.eval_tasks) == (128, 2000)
     # the SQL recipe's other choices stay
@@ -259,11 +259,14 @@ def test_every_bad_value_is_named_in_one_message(compose_train):
             "algo.num_iterations gives 6 steps in all; use fewer warmup steps or "
             "trainer.lr_schedule=constant",
         ),
+        (
+            ["curriculum.enabled=true", "curriculum.group_by=db_id", "curriculum.enabled=false"],
+            "curriculum.group_by=db_id: it shapes the curriculum's draws, which curriculum.enabled=false "
+            "turns off; set curriculum.enabled=true, or curriculum.group_by=null",
+        ),
     ],
 )
-def test_a_cosine_schedule_with_no_steps_after_its_warmup_is_refused_before_the_model_loads(
-    compose_train, overrides, line
-):
+def test_keys_that_do_not_go_together_are_refused_before_the_model_loads(compose_train, overrides, line):
     cfg = compose_train([*overrides, "run_dir=/tmp/run"])
     with pytest.raises(ValueError) as err:
         check_config(cfg)
