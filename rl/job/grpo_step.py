@@ -19,7 +19,7 @@ from rl.job.guidance import guide_failed_groups
 from rl.job.loop_metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
 from rl.job.parts import Parts, grpo_version
 from rl.job.play import group_rewards, play_groups, to_rollout_batch
-from rl.job.sft import DemoSampler, demo_batch, demonstrations
+from rl.job.sft import demo_batch, demo_sampler
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
 
@@ -67,10 +67,10 @@ def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler):
     )
     if cfg.sft.anchor_coef == 0.0:
         return lambda batch, step: update(batch)
-    demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
-    sampler = DemoSampler(demos, cfg.sft.batch_size, seed=cfg.seed + 1_000_003 * parts.dist.rank)
-    pad, coef = parts.tokenizer.pad_token_id, cfg.sft.anchor_coef
-    return lambda batch, step: update(batch, anchor=demo_batch(sampler.batch_at(step), pad, coef))
+    sampler = demo_sampler(parts, cfg)
+    pad, coef, after = parts.tokenizer.pad_token_id, cfg.sft.anchor_coef, cfg.sft.steps
+    # GRPO step s takes the batch after the warm start's sft.steps and the s - 1 before it
+    return lambda batch, step: update(batch, anchor=demo_batch(sampler.batch_at(after + step - 1), pad, coef))
 
 
 def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: StepTimer):

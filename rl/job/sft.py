@@ -17,7 +17,8 @@ import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +27,11 @@ from rl.algo.batch import RolloutBatch, collate_rollouts
 from rl.algo.trainer import NLL, accumulate_gradients, mean_sequence_nll, model_device, optimizer_step
 from rl.job.play import prompt_token_ids
 from rl.settings import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rl.job.parts import Parts
 
 
 @dataclass(slots=True)
@@ -73,28 +79,66 @@ def demonstrations(
 
 
 class DemoSampler:
-    """Seeded batches of demonstrations, each drawn from one group (a group is picked by its size)."""
+    """Seeded batches of demonstrations in epochs, each batch from one group.
 
-    def __init__(self, demos: Sequence[Demonstration], batch_size: int, seed: int = 0) -> None:
-        self.groups: dict[str, list[Demonstration]] = defaultdict(list)
+    Each epoch shuffles every group's demonstrations, cuts each group into batches of about `batch_size`
+    (round(n / batch_size) batches of near-equal size, at least one), and shuffles those batches, so every
+    demonstration comes once an epoch. A batch depends only on the seed and its draw number, so a resumed run
+    draws the same. Under data parallelism every rank takes the same seed and its own share of each epoch's
+    batches (`rank`, `world_size`): draw d of rank r is the epoch order's batch d * world_size + r.
+    """
+
+    def __init__(
+        self,
+        demos: Sequence[Demonstration],
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        groups: dict[str, list[Demonstration]] = defaultdict(list)
         for demo in demos:
-            self.groups[demo.group].append(demo)
-        self.batch_size = batch_size
-        self.seed = seed
-        self._rng = random.Random(seed)
+            groups[demo.group].append(demo)
+        self.groups = [groups[name] for name in sorted(groups)]
+        self.cuts = [max(1, round(len(group) / batch_size)) for group in self.groups]
+        self.batches_per_epoch = sum(self.cuts)
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.draws = 0
+        self._epoch: tuple[int, list[list[Demonstration]]] | None = None
+
+    @property
+    def num_demos(self) -> int:
+        return sum(map(len, self.groups))
 
     def next_batch(self) -> list[Demonstration]:
-        return self._draw(self._rng)
+        batch = self.batch_at(self.draws)
+        self.draws += 1
+        return batch
 
     def batch_at(self, draw: int) -> list[Demonstration]:
-        """A batch that depends on the seed and `draw` alone, so a resumed run draws the same."""
-        return self._draw(random.Random(self.seed * 1_000_003 + draw))
+        """This rank's batch number `draw` (from 0)."""
+        epoch, index = divmod(draw * self.world_size + self.rank, self.batches_per_epoch)
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = (epoch, self._epoch_batches(epoch))
+        return self._epoch[1][index]
 
-    def _draw(self, rng: random.Random) -> list[Demonstration]:
-        names = sorted(self.groups)
-        name = rng.choices(names, weights=[len(self.groups[n]) for n in names])[0]
-        pool = self.groups[name]
-        return rng.sample(pool, min(self.batch_size, len(pool)))
+    def _epoch_batches(self, epoch: int) -> list[list[Demonstration]]:
+        rng = random.Random(self.seed * 1_000_003 + epoch)
+        batches = []
+        for group, cuts in zip(self.groups, self.cuts, strict=True):
+            order = rng.sample(group, len(group))
+            bounds = [len(order) * i // cuts for i in range(cuts + 1)]
+            batches += [order[start:stop] for start, stop in pairwise(bounds)]
+        rng.shuffle(batches)
+        return batches
+
+
+def demo_sampler(parts: Parts, cfg: DictConfig) -> DemoSampler:
+    """The job's sampler of demonstrations of its training tasks (the warm start's and the anchor's)."""
+    demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
+    return DemoSampler(
+        demos, cfg.sft.batch_size, seed=cfg.seed, rank=parts.dist.rank, world_size=parts.dist.world_size
+    )
 
 
 def demo_batch(demos: Sequence[Demonstration], pad_token_id: int, weight: float = 1.0) -> RolloutBatch:

@@ -18,7 +18,7 @@ from rl.job.logger import ProgressBars, RunLogger
 from rl.job.loop_metrics import StepTimer
 from rl.job.parts import WARM_START_VERSION, Parts
 from rl.job.pass_at_k import PassAtK, play_samples
-from rl.job.sft import DemoSampler, demonstrations, warm_start
+from rl.job.sft import demo_sampler, warm_start
 from rl.job.summary import EvalPoint
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
@@ -108,15 +108,14 @@ def supervised_warm_start(
     parts: Parts, cfg: DictConfig, logger: RunLogger | None, bars: ProgressBars
 ) -> None:
     """sft.steps supervised steps on the env's demonstrations of training tasks, on the same LoRA adapter
-    (its own AdamW); then the adapter is synced into the engine. Under torchrun each rank draws its own
-    batches and DDP averages their gradients."""
-    demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
-    sampler = DemoSampler(demos, cfg.sft.batch_size, seed=cfg.seed + 1_000_003 * parts.dist.rank)
+    (its own AdamW); then the adapter is synced into the engine. Under torchrun the ranks share each epoch
+    of batches (`DemoSampler`) and DDP averages their gradients."""
+    sampler = demo_sampler(parts, cfg)
     optimizer = build_optimizer(parts.model, cfg.sft.lr, weight_decay=cfg.trainer.weight_decay)
     scheduler = build_lr_scheduler(
         optimizer, cfg.sft.lr_schedule.value, cfg.sft.warmup_steps, num_training_steps=cfg.sft.steps
     )
-    with bars.bar(f"warm start on {len(demos)} demonstrations", cfg.sft.steps, "step") as bar:
+    with bars.bar(f"warm start on {sampler.num_demos} demonstrations", cfg.sft.steps, "step") as bar:
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}", refresh=False)

@@ -67,19 +67,29 @@ def test_an_env_without_demonstrations_is_refused_with_the_fix(sql_tasks, tiny):
 
 
 def test_sampler_batches_come_from_one_group_and_repeat_for_a_seed():
-    demos = [Demonstration([1, 2], [3], group) for group in "aaaaabbbcc" for _ in range(2)]
+    demos = [Demonstration([1, 2], [i], group) for i, group in enumerate("aaaaaaaaaabbbbbbcccc")]
     batches = [DemoSampler(demos, batch_size=3, seed=7) for _ in range(2)]
     drawn = [[b.next_batch() for _ in range(20)] for b in batches]
     assert drawn[0] == drawn[1]
     for batch in drawn[0]:
-        assert len({d.group for d in batch}) == 1 and len(batch) == 3
-    assert {batch[0].group for batch in drawn[0]} == {"a", "b", "c"}
+        assert len({d.group for d in batch}) == 1
+    # an epoch: a (10 rows) in round(10/3) = 3 batches of 3, 3 and 4, b (6) in 2 of 3, c (4) in 1 of 4
+    assert batches[0].batches_per_epoch == 6
+    for epoch in range(3):
+        rows = drawn[0][6 * epoch : 6 * epoch + 6]
+        assert sorted(len(batch) for batch in rows) == [3, 3, 3, 3, 4, 4]
+        assert sorted(d.completion_ids[0] for batch in rows for d in batch) == list(range(20))
+    assert drawn[0][:6] != drawn[0][6:12]  # each epoch its own order
     # batches by draw number: the same for the same draw, whatever came before
     sampler = DemoSampler(demos, batch_size=3, seed=7)
     first = [sampler.batch_at(draw) for draw in range(20)]
     sampler.next_batch()
-    assert [sampler.batch_at(draw) for draw in range(20)] == first
-    assert len({tuple(id(d) for d in batch) for batch in first}) > 10
+    assert [sampler.batch_at(draw) for draw in range(20)] == first == drawn[0]
+    assert [DemoSampler(demos, batch_size=3, seed=8).batch_at(d) for d in range(6)] != first[:6]
+    # two ranks share each epoch: together they draw its every row once
+    ranks = [DemoSampler(demos, batch_size=3, seed=7, rank=r, world_size=2) for r in range(2)]
+    shared = [batch for d in range(3) for batch in (ranks[0].batch_at(d), ranks[1].batch_at(d))]
+    assert shared == first[:6]
     # the sft.* keys' own rules (check_config applies them before the sampler is built)
     assert SftConfig.problems(SftConfig(batch_size=0), "sft.") == ["sft.batch_size=0: use an integer >= 1"]
     assert SftConfig.problems(SftConfig(anchor_coef=-1), "sft.") == [
