@@ -23,7 +23,8 @@ from typing import Any
 
 from rl.job.outcomes import EVALS_DIR
 
-STAGE_ORDER = ("base", "sft", "grpo", "checkpoint")  # how "final" orders a run's evaluations
+# how "final" orders a run's evaluations: a run from checkpoint= scores it first, as "checkpoint_<step>"
+STAGE_ORDER = ("base", "checkpoint", "sft", "grpo")
 
 
 class CompareError(ValueError):

@@ -96,3 +96,9 @@ def test_a_run_directory_gives_the_file_of_a_set_and_stage(tmp_path):
         outcome_file(tmp_path, "transfer", "sft")
     with pytest.raises(CompareError, match="holds no nothing_<stage>_<step>.jsonl"):
         outcome_file(tmp_path, "nothing", "final")
+    # a run from another run's checkpoint scores it first: its final evaluation is what it trained to
+    resumed = tmp_path / "resumed"
+    for name in ("held_out_checkpoint_0", "held_out_sft_147"):
+        write(resumed / "evals" / f"{name}.jsonl", [("t1", "join", 1)])
+    assert outcome_file(resumed, "held_out", "final").name == "held_out_sft_147.jsonl"
+    assert outcome_file(resumed, "held_out", "checkpoint").name == "held_out_checkpoint_0.jsonl"
