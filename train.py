@@ -44,11 +44,17 @@ from rl.job.parts import Parts, build_parts, load_policy_checkpoint
 from rl.job.stages import eval_point, stages_before_grpo
 from rl.job.summary import EvalPoint, run_summary, summary_text, write_summary
 from rl.settings import ConfigError
-from serve.command import serve_only
 
 register_configs()
 # what the user can fix: printed as one line; any other exception is a bug and keeps its traceback
 USER_ERRORS = (ConfigError, ModelLoadError, EnvError, FileNotFoundError, RunDirError)
+
+
+def serve_mode(cfg: DictConfig, dist: dp.DistInfo) -> None:
+    """mode=serve. Its server stack (fastapi, uvicorn) is imported here, so the other modes run without it."""
+    from serve.command import serve_only
+
+    serve_only(cfg, dist)
 
 
 @dataclass
@@ -141,7 +147,7 @@ def main(cfg: DictConfig) -> None:
     torch.manual_seed(cfg.seed)
     try:
         with dp.distributed(cfg.model.device) as dist:
-            modes = {"train": train, "eval": eval_only, "export": export_only, "serve": serve_only}
+            modes = {"train": train, "eval": eval_only, "export": export_only, "serve": serve_mode}
             modes[cfg.mode.value](cfg, dist)
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

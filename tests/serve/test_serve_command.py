@@ -101,3 +101,12 @@ def test_a_port_in_use_is_refused_before_the_model_loads(serve_command, tmp_path
         cfg = serve_cfg(tmp_path, f"serve.port={port}")
         with pytest.raises(ConfigError, match=f"cannot listen on serve.host=127.0.0.1 serve.port={port}"):
             serve_command.serve_only(cfg)
+
+
+def test_the_other_modes_do_not_need_the_server_stack():
+    """train.py imports fastapi and uvicorn for mode=serve alone: a training machine without them (or with a
+    fastapi whose own imports fail) still trains."""
+    probe = "import sys, train; print([m for m in ('fastapi', 'uvicorn', 'serve.app') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
