@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from host.cpu_threads import adapt_cpu_threads
 from rl.algo.attention import PACKED_ROWS, SDPA_GQA
@@ -12,6 +13,8 @@ from rl.algo.lora_fused import fused_lora
 
 # attention implementations that apply a 4D additive attention mask as given
 CUSTOM_MASK_ATTENTION = ("eager", "sdpa", SDPA_GQA)
+# the KV cache's forward argument and output field: transformers 5.24 renamed past_key_values to cache
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
@@ -150,10 +153,9 @@ def _packed_group_logits(model, input_ids, attention_mask, shared: int, first_ta
         input_ids=packed_ids,
         attention_mask=mask[None, None],
         position_ids=cols[None],
-        cache=cache,
         use_cache=True,
         logits_to_keep=predicts.nonzero()[:, 0],
-        **{PACKED_ROWS: (shared, (lengths - shared).tolist())},
+        **{CACHE: cache, PACKED_ROWS: (shared, (lengths - shared).tolist())},
     )
     return rows[predicts], cols[predicts] + 1, out.logits[0]
 
@@ -175,4 +177,5 @@ def _prefix_cache(inner: torch.nn.Module, prefix_ids: torch.Tensor):
     and its gradient hooks fire for the prefix's contribution all the same.
     """
     positions = torch.arange(prefix_ids.size(1), device=prefix_ids.device)[None]
-    return inner(input_ids=prefix_ids, position_ids=positions, use_cache=True, logits_to_keep=1).cache
+    out = inner(input_ids=prefix_ids, position_ids=positions, use_cache=True, logits_to_keep=1)
+    return getattr(out, CACHE)
