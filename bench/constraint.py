@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from job_parts import job_parts
 from json_line import emit
 from machine import cpu_description
 
@@ -33,9 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout_engine.engine as engine_module  # noqa: E402
 from envs.base import start_episodes  # noqa: E402
-from rl.job.config import register_configs  # noqa: E402
 from rl.job.grpo_step import sampling_params  # noqa: E402
-from rl.job.parts import build_parts  # noqa: E402
 from rl.job.play import prompt_token_ids  # noqa: E402
 
 
@@ -61,13 +58,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="held-out tasks sampled, a group each")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each arm, alternating")
     args = parser.parse_args()
-    register_configs()
-    with tempfile.TemporaryDirectory() as run_dir:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose(
-                "train", overrides=[*args.overrides, f"run_dir={run_dir}", "logger.wandb.mode=disabled"]
-            )
-        parts = build_parts(cfg)
+    cfg, parts = job_parts(args.overrides)
     tasks = [parts.test_tasks[i] for i in range(min(args.prompts, len(parts.test_tasks)))]
     episodes = start_episodes(parts.env, tasks)
     constraints = [getattr(episode, "constraint", None) for episode in episodes]

@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from job_parts import job_parts
 from json_line import emit
 from machine import cpu_description
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from rl.algo.optim import build_optimizer  # noqa: E402
-from rl.job.config import register_configs  # noqa: E402
-from rl.job.parts import build_parts  # noqa: E402
 from rl.job.sft import DemoSampler, demonstrations, sft_step  # noqa: E402
 
 
@@ -47,13 +44,7 @@ def main() -> None:
         "--whole", type=int, default=None, help="rows per micro-batch of the other arm (sft.batch_size)"
     )
     args = parser.parse_args()
-    register_configs()
-    with tempfile.TemporaryDirectory() as run_dir:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose(
-                "train", overrides=[*args.overrides, f"run_dir={run_dir}", "logger.wandb.mode=disabled"]
-            )
-        parts = build_parts(cfg)
+    cfg, parts = job_parts(args.overrides)
     arms = {"split": args.split or cfg.trainer.micro_batch_size, "whole": args.whole or cfg.sft.batch_size}
     demos = demonstrations(parts.env, parts.train_tasks, parts.tokenizer, cfg.env.shared_prompt_key)
     sampler = DemoSampler(demos, cfg.sft.batch_size, seed=cfg.seed)
