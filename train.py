@@ -13,7 +13,7 @@ Reads top to bottom: build the parts from the config (rl/job/parts.py), score th
 start (rl/job/stages.py), then take the GRPO steps (rl/job/grpo_step.py: sample groups with the engine, play
 them against the environment, turn rewards into advantages, take an optimisation step on the LoRA weights,
 hot-sync them into the engine), logging, checkpointing and evaluating between them. mode=eval and mode=export
-run from rl/job/modes.py, mode=serve from serve/command.py.
+run from rl/job/modes.py, and so does mode=serve (its server is serve/).
 """
 
 from __future__ import annotations
@@ -30,31 +30,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from envs import EnvError
 from rl.algo.optim import build_lr_scheduler, build_optimizer
+from rl.config.checks import check_config
+from rl.config.schema import register_configs
 from rl.job import distributed as dp
-from rl.job.bookkeeping import log_step, open_logger, resume
 from rl.job.checkpoint import RunDirError, check_checkpoint, check_run_dir, save_checkpoint
-from rl.job.config import register_configs
-from rl.job.config_checks import check_config
 from rl.job.grpo_step import grpo_step, policy_update, task_stream
-from rl.job.logger import ProgressBars
-from rl.job.loop_metrics import StepTimer, combine_rank_metrics
 from rl.job.model_loading import ModelLoadError
-from rl.job.modes import eval_only, export_only
+from rl.job.modes import eval_only, export_only, serve_only
 from rl.job.parts import Parts, build_parts, load_policy_checkpoint
+from rl.job.resume import log_step, open_logger, resume
 from rl.job.stages import eval_point, stages_before_grpo
-from rl.job.summary import EvalPoint, run_summary, summary_text, write_summary
+from rl.report.logger import ProgressBars
+from rl.report.metrics import StepTimer, combine_rank_metrics
+from rl.report.summary import EvalPoint, run_summary, summary_text, write_summary
 from rl.settings import ConfigError
 
 register_configs()
 # what the user can fix: printed as one line; any other exception is a bug and keeps its traceback
 USER_ERRORS = (ConfigError, ModelLoadError, EnvError, FileNotFoundError, RunDirError)
-
-
-def serve_mode(cfg: DictConfig, dist: dp.DistInfo) -> None:
-    """mode=serve. Its server stack (fastapi, uvicorn) is imported here, so the other modes run without it."""
-    from serve.command import serve_only
-
-    serve_only(cfg, dist)
 
 
 @dataclass
@@ -147,7 +140,7 @@ def main(cfg: DictConfig) -> None:
     torch.manual_seed(cfg.seed)
     try:
         with dp.distributed(cfg.model.device) as dist:
-            modes = {"train": train, "eval": eval_only, "export": export_only, "serve": serve_mode}
+            modes = {"train": train, "eval": eval_only, "export": export_only, "serve": serve_only}
             modes[cfg.mode.value](cfg, dist)
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

@@ -8,7 +8,7 @@ constrained arm's time inside `constrain` is measured on its own. A vetoed token
 arms' completions differ and the comparison is per token generated.
 
     python bench/constraint.py                                  # the default job's held-out tasks
-    python bench/constraint.py +experiment=spider env.tasks.root=/data/spider --prompts 16
+    python bench/constraint.py +experiment=spider_sft env.tasks.root=/data/spider --prompts 16
     python bench/constraint.py --repeats 3 rollout.temperature=0.0
 
 Positional arguments are Hydra overrides of the job (conf/train.yaml). Prints one line per run, the arms'
@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import rollout_engine.engine as engine_module  # noqa: E402
 from envs.base import start_episodes  # noqa: E402
-from rl.job.grpo_step import sampling_params  # noqa: E402
-from rl.job.play import prompt_token_ids  # noqa: E402
+from rl.job.sampling import sampling_params  # noqa: E402
+from rl.rollout.prompts import prompt_token_ids  # noqa: E402
 
 
 class TimedConstrain:

@@ -39,8 +39,8 @@ from peer_process import run_peer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
-from rl.job.logger import METRICS_FILE, SAMPLES_FILE  # noqa: E402
-from rl.job.play import prompt_token_ids  # noqa: E402
+from rl.report.logger import METRICS_FILE, SAMPLES_FILE  # noqa: E402
+from rl.rollout.prompts import prompt_token_ids  # noqa: E402
 
 WORKER = ROOT / "bench" / "peers" / "trl_grpo.py"
 # Only GRPO steps: no warm start, no evaluation, no checkpoints, no W&B.

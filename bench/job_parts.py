@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from rl.job.config import register_configs  # noqa: E402
+from rl.config.schema import register_configs  # noqa: E402
 from rl.job.parts import Parts, build_parts  # noqa: E402
 
 

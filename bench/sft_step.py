@@ -28,7 +28,8 @@ from machine import cpu_description
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from rl.algo.optim import build_optimizer  # noqa: E402
-from rl.job.sft import DemoSampler, demonstrations, sft_step  # noqa: E402
+from rl.job.demos import DemoSampler, demonstrations  # noqa: E402
+from rl.job.warm_start import sft_step  # noqa: E402
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ class Episode(Protocol):
 
 
 class PlayedEpisode(Protocol):
-    """An episode as played (``rl.job.play.Trajectory``): its reward summed over its steps, each reward
+    """An episode as played (``rl.rollout.play.Trajectory``): its reward summed over its steps, each reward
     component summed likewise (empty when the episode failed), and its last step's ``info``."""
 
     reward: float

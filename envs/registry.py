@@ -3,7 +3,7 @@ the Hydra config folders that installed plugins ship.
 
 A plugin may ship its config beside its code: ``conf/env/<name>.yaml`` inside the top-level package of its
 entry point (``pagedrl_arith/conf/env/arith.yaml``), with its task source, eval settings and recipe, so that
-``python train.py env=<name>`` runs it. ``rl.job.config`` puts these folders on Hydra's search path.
+``python train.py env=<name>`` runs it. ``rl.config.schema`` puts these folders on Hydra's search path.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Each component keeps the one list of the values it accepts (``LOSS_TYPES``, ``IS
 ...); ``choices`` turns such a list into the str Enum that the Hydra schema types a key with, so a value
 outside the list is refused when the config is composed. A ``Rule`` says what a type cannot (a range). Each
 is written once, in the ``RULES`` of the ``Settings`` dataclass whose key it checks (``LossConfig``,
-``LoraConfig``, ``rl.job.config.RolloutConfig`` ...), and the config tree's are checked once, together,
-before any work starts (``rl.job.config_checks``). A library function that takes such a value as a flat
+``LoraConfig``, ``rl.config.schema.RolloutConfig`` ...), and the config tree's are checked once, together,
+before any work starts (``rl.config.checks``). A library function that takes such a value as a flat
 argument (``add_lora(rank=...)``, ``train_step(micro_batch_size=...)``) applies the very same rule
 (``check_args``), and a ``LossConfig`` built in Python checks itself with its own, so a message reads the same
 wherever the value comes from.

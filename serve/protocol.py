@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 from transformers import PreTrainedTokenizerBase
 
-from rl.job.play import prompt_token_ids
+from rl.rollout.prompts import prompt_token_ids
 from rollout_engine import SamplingParams
 from rollout_engine.sampling_params import SamplingParamsError
 

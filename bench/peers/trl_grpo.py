@@ -30,7 +30,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from envs import make_env, start_episodes, step_episodes
 from rl.job.model_loading import load_model
-from rl.job.play import prompt_token_ids
+from rl.rollout.prompts import prompt_token_ids
 from rl.sync.adapter import resolve_target_modules
 
 

@@ -43,12 +43,12 @@ class LossConfig(Settings):
     """How a step turns a rollout batch into an update: the algo.* keys that `rl.algo.trainer.train_step`
     reads.
 
-    It is the schema of those keys (`rl.job.config.AlgoConfig` extends it) and the value train_step takes.
-    Built in Python, it checks itself with its rules (those `rl.job.config_checks` applies to the algo.*
+    It is the schema of those keys (`rl.config.schema.AlgoConfig` extends it) and the value train_step takes.
+    Built in Python, it checks itself with its rules (those `rl.config.checks` applies to the algo.*
     keys); the choices may be given as strings (``LossConfig(loss_type="dapo")``).
     """
 
-    RULES = (  # what a type cannot say about these settings (rl.job.config_checks: as algo.*)
+    RULES = (  # what a type cannot say about these settings (rl.config.checks: as algo.*)
         ("eps_low", lambda v: number(v) and 0 <= v < 1, "use a number with 0 <= eps_low < 1"),
         ("eps_high", at_least(0), "use a finite number >= 0"),
         (

@@ -10,7 +10,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from rl.settings import ConfigError, Rule, at_least, check_args, number, positive
 
 SCHEDULES = ("constant", "cosine")
-# the optimiser's trainer.* keys (rl.job.config.TrainerConfig; lr also sft.lr), as these functions take them
+# the optimiser's trainer.* keys (rl.config.schema.TrainerConfig; lr also sft.lr), as these functions
+# take them
 LR_RULE: Rule = ("lr", positive, "use a finite number > 0")
 WEIGHT_DECAY_RULE: Rule = ("weight_decay", at_least(0), "use a finite number >= 0")
 WARMUP_STEPS_RULE: Rule = ("warmup_steps", at_least(0), "use an integer >= 0")

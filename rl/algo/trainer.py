@@ -20,7 +20,7 @@ from rl.algo.losses import LossConfig, LossStats, compute_policy_loss
 from rl.algo.step_stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
 from rl.settings import Rule, at_least, check_args, optional, positive
 
-# the trainer.* keys of a step's micro-batches and clipping (rl.job.config.TrainerConfig), as train_step
+# the trainer.* keys of a step's micro-batches and clipping (rl.config.schema.TrainerConfig), as train_step
 # takes them
 MICRO_BATCH_SIZE_RULE: Rule = ("micro_batch_size", at_least(1), "use an integer >= 1")
 # the per-sequence mean (grpo aggregation) of the policy loss at ratio 1: on rows of advantage w, the gradient

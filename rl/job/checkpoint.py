@@ -32,7 +32,7 @@ from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from rl.job.atomic_files import fsync_tree, move_into_place, owner, remove_partial_saves, replace_file
-from rl.job.logger import METRICS_FILE, SAMPLES_FILE
+from rl.report.logger import METRICS_FILE, SAMPLES_FILE
 from rl.settings import ConfigError
 
 CHECKPOINTS = "checkpoints"

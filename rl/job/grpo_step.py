@@ -12,36 +12,22 @@ from envs import start_episodes, step_episodes
 from rl.algo.advantages import compute_advantages, filter_zero_std_groups
 from rl.algo.trainer import train_step
 from rl.job import distributed as dp
-from rl.job.curriculum import Curriculum
-from rl.job.data import TaskStream
-from rl.job.evaluate import succeeded
+from rl.job.demos import demo_batch, demo_sampler
 from rl.job.guidance import guide_failed_groups
-from rl.job.loop_metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
 from rl.job.parts import Parts, grpo_version
-from rl.job.play import group_rewards, play_groups, to_rollout_batch
-from rl.job.sft import demo_batch, demo_sampler
+from rl.job.sampling import sampling_params
+from rl.report.metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
+from rl.rollout.play import group_rewards, play_groups, succeeded, to_rollout_batch
 from rl.sync.adapter import lora_tensors
-from rollout_engine import SamplingParams
+from rl.tasks import TaskOrder
+from rl.tasks.curriculum import Curriculum
+from rl.tasks.stream import TaskStream
 
 # DAPO dynamic sampling: rounds of fresh prompts that may replace the groups whose rewards are all equal
 DYNAMIC_SAMPLING_ROUNDS = 4
 
 
-def sampling_params(cfg: DictConfig, env, step: int, round_: int = 0, rank: int = 0) -> SamplingParams:
-    """A GRPO group's sampling: n=G at the rollout.* settings, seeded by the step, the round and the rank."""
-    r = cfg.rollout
-    return SamplingParams(
-        n=cfg.algo.group_size,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        max_tokens=r.max_tokens,
-        seed=cfg.seed * 1_000_003 + step * 7919 + round_ + rank * 1_000_000_007,
-        stop=list(env.stop) or None,
-    )
-
-
-def task_stream(parts: Parts, cfg: DictConfig) -> TaskStream | Curriculum:
+def task_stream(parts: Parts, cfg: DictConfig) -> TaskOrder:
     """The order training tasks come in: seeded epochs, or the adaptive curriculum."""
     c = cfg.curriculum
     if not c.enabled:
@@ -97,12 +83,11 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
             cfg.rollout.max_completion_tokens,
             response_prefix=parts.env.response_prefix,
         )
-        if isinstance(stream, Curriculum):
-            outcomes = [
-                (task, sum(succeeded(parts.env, t) for t in g), len(g))
-                for task, g in zip(tasks, played, strict=True)
-            ]
-            stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
+        outcomes = [
+            (task, sum(succeeded(parts.env, t) for t in g), len(g))
+            for task, g in zip(tasks, played, strict=True)
+        ]
+        stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
         if cfg.algo.guidance:
             played = guide_failed_groups(
                 parts.env,
@@ -148,6 +133,6 @@ def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: S
         **engine_metrics(parts.engine, engine_before, timer.last("generate")),
         **timer.metrics(),
         **memory_metrics(parts.engine),
-        **(stream.metrics() if isinstance(stream, Curriculum) else {}),
+        **stream.metrics(),
     }
     return metrics, groups

@@ -20,9 +20,8 @@ import torch
 from envs import step_episodes
 from rl.algo.batch import collate_rollouts
 from rl.algo.trainer import batch_logprobs
-from rl.job.evaluate import succeeded
-from rl.job.play import Trajectory, record_step
-from rl.job.sft import demonstration_ids
+from rl.job.demos import demonstration_ids
+from rl.rollout.play import Trajectory, record_step, succeeded
 
 
 def guide_failed_groups(

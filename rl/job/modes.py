@@ -1,16 +1,20 @@
 """The modes that run no training: mode=eval scores the base model or a checkpoint, mode=export merges a
-checkpoint's adapter into a plain Hugging Face model (mode=serve lives in serve/command.py)."""
+checkpoint's adapter into a plain Hugging Face model, and mode=serve runs the OpenAI-compatible server
+(serve/) over the engine of the model with a checkpoint's adapter, or of the base model, until Ctrl-C. The
+server stack (fastapi, uvicorn) is imported by mode=serve alone, so the other modes run without it."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from rl.config.checks import check_config
 from rl.job import distributed as dp
-from rl.job.config_checks import check_config
+from rl.job.checkpoint import check_checkpoint
 from rl.job.export import export_checkpoint
-from rl.job.logger import ProgressBars
-from rl.job.parts import build_parts, load_policy_checkpoint, model_settings
+from rl.job.parts import build_parts, build_policy, load_policy_checkpoint, model_settings
 from rl.job.stages import eval_point, held_out_set, run_pass_at_k
+from rl.report.logger import ProgressBars
+from rl.settings import ConfigError
 
 
 def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
@@ -44,3 +48,40 @@ def export_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     """mode=export: the checkpoint's adapter merged into the base model, as a plain Hugging Face model."""
     check_config(cfg)
     export_checkpoint(cfg.checkpoint, cfg.export.dir, *model_settings(cfg, dist), dist.world_size)
+
+
+def check_serving(cfg: DictConfig, dist: dp.DistInfo) -> None:
+    """What mode=serve refuses before its model loads: bad values, torchrun, a checkpoint that is not one."""
+    check_config(cfg)
+    if dist.world_size > 1:
+        raise ConfigError("mode=serve runs in one process: start it with python train.py, not torchrun")
+    if cfg.checkpoint:
+        check_checkpoint(cfg.checkpoint)
+
+
+def serving_engine(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS):
+    """mode=serve's engine, tokenizer and model name: the model with cfg.checkpoint's adapter (the base model
+    without one)."""
+    model, tokenizer, engine = build_policy(cfg, dist)
+    if cfg.checkpoint:
+        load_policy_checkpoint(cfg, model, engine)
+    name = cfg.serve.model_name or cfg.model.path or cfg.model.name.value
+    return engine, tokenizer, name
+
+
+def serve_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
+    """mode=serve: the OpenAI-compatible server over the engine, until Ctrl-C; the port is taken before the
+    model loads, so a busy one fails at once."""
+    from serve.app import build_app, listen, run_server
+
+    check_serving(cfg, dist)
+    s = cfg.serve
+    try:
+        sock = listen(s.host, s.port)
+    except OSError as err:
+        raise ConfigError(f"cannot listen on serve.host={s.host} serve.port={s.port}: {err}") from err
+    engine, tokenizer, name = serving_engine(cfg, dist)
+    host, port = sock.getsockname()[:2]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    print(f"serving {name} ({cfg.checkpoint or 'base model'}) at http://{address}/v1", flush=True)
+    run_server(build_app(engine, tokenizer, name), sock)

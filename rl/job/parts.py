@@ -15,9 +15,9 @@ from transformers import PreTrainedTokenizerBase
 
 from envs import BaseEnv, make_env
 from envs.tasks import call_task_source, task_splits
+from rl.eval.eval_sets import EvalSet, held_out_tasks, transfer_set
 from rl.job import distributed as dp
 from rl.job.checkpoint import load_checkpoint
-from rl.job.eval_sets import EvalSet, held_out_tasks, transfer_set
 from rl.job.model_loading import load_model
 from rl.job.rollout_worker import DistributedSync, RemoteEngine, build_worker
 from rl.settings import ConfigError

@@ -10,16 +10,17 @@ from omegaconf import DictConfig
 
 from envs import start_episodes, step_episodes
 from rl.algo.optim import build_lr_scheduler, build_optimizer
+from rl.eval.eval_sets import HELD_OUT, EvalSet, score_eval_set, score_samples
+from rl.eval.evaluate import EvalResult, play_eval
+from rl.eval.pass_at_k import PassAtK, play_samples
 from rl.job import distributed as dp
-from rl.job.eval_sets import HELD_OUT, EvalSet, score_eval_set, score_samples
-from rl.job.evaluate import EvalResult, play_eval
-from rl.job.grpo_step import sampling_params
-from rl.job.logger import ProgressBars, RunLogger
-from rl.job.loop_metrics import StepTimer
+from rl.job.demos import demo_sampler
 from rl.job.parts import WARM_START_VERSION, Parts
-from rl.job.pass_at_k import PassAtK, play_samples
-from rl.job.sft import demo_sampler, warm_start
-from rl.job.summary import EvalPoint
+from rl.job.sampling import sampling_params
+from rl.job.warm_start import warm_start
+from rl.report.logger import ProgressBars, RunLogger
+from rl.report.metrics import StepTimer
+from rl.report.summary import EvalPoint
 from rl.sync.adapter import lora_tensors
 from rollout_engine import SamplingParams
 

@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 
 from rl.algo.losses import LossConfig, compute_policy_loss
 from rl.algo.trainer import accumulate_gradients, batch_logprobs, reference_logprobs
-from rl.job.config import AlgoConfig, register_configs
-from rl.job.config_checks import check_config
+from rl.config.checks import check_config
+from rl.config.schema import AlgoConfig, register_configs
 from rl.settings import ConfigError
 
 LOSS_SETTINGS = {field.name for field in dataclasses.fields(LossConfig)}

@@ -27,8 +27,8 @@ from envs import (
     start_episodes,
     step_episodes,
 )
-from rl.job.config import register_configs
-from rl.job.config_checks import check_config
+from rl.config.checks import check_config
+from rl.config.schema import register_configs
 from rl.settings import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,7 @@ import pytest
 
 from envs import BaseEnv, ScoreWords, StepResult, make_env, start_episodes, with_defaults
 from envs.sql import SqlEnv, SqlMultiTurnEnv
-from rl.job.evaluate import succeeded
-from rl.job.play import Trajectory
+from rl.rollout.play import Trajectory, succeeded
 
 TASK = {"question": "What is 2 + 2?"}
 

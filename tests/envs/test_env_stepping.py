@@ -15,9 +15,8 @@ import torch
 from envs import BaseEnv, EnvError, StepResult, step_episodes, stepping
 from envs.sql import SqlEnv
 from envs.stepping import NUM_WORKERS
-from rl.job.evaluate import succeeded
-from rl.job.loop_metrics import reward_metrics
-from rl.job.play import Trajectory, record_step
+from rl.report.metrics import reward_metrics
+from rl.rollout.play import Trajectory, record_step, succeeded
 from tests.helpers.ctrl_c import popen_interruptible
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import pytest
 from envs import with_defaults
 from envs.sql import SqlEnv, SqlMultiTurnEnv
 from envs.sql.grading import sql_failure
-from rl.job.play import Trajectory
+from rl.rollout.play import Trajectory
 
 GOLD = "SELECT name FROM emp WHERE dept = 'Research'"
 # a recursive CTE that never ends: only the sandbox's time limit stops it

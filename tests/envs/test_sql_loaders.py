@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from envs.sql import SqlEnv, execution_match
 from envs.sql.loaders import bird_tasks, spider_tasks, split_by_database, sql_family
 from envs.tasks import task_splits
-from rl.job.config import register_configs
+from rl.config.schema import register_configs
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # questions per database of the training files: 20 in all

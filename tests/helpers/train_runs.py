@@ -7,8 +7,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from peft import PeftModel
 
+from rl.config.schema import register_configs
 from rl.job.checkpoint import ADAPTER, save_checkpoint
-from rl.job.config import register_configs
 from rl.job.model_loading import load_model
 from rl.sync.adapter import add_lora
 

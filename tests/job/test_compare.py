@@ -1,4 +1,4 @@
-"""python -m rl.job.compare: two evaluations paired task by task, with McNemar's exact test."""
+"""python -m rl.eval.compare: two evaluations paired task by task, with McNemar's exact test."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.job.compare import CompareError, compare, load_outcomes, main, mcnemar_p, outcome_file
+from rl.eval.compare import CompareError, compare, load_outcomes, main, mcnemar_p, outcome_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ def test_the_command_refuses_with_one_line(tmp_path):
     a = write(tmp_path / "a.jsonl", [("t1", "join", 1)])
     b = write(tmp_path / "b.jsonl", [("u1", "join", 1)])
     done = subprocess.run(
-        [sys.executable, "-m", "rl.job.compare", str(a), str(b)], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "rl.eval.compare", str(a), str(b)], capture_output=True, text=True, cwd=REPO
     )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("error: the two files share no tasks")

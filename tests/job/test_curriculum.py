@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rl.job.curriculum import Curriculum, CurriculumConfig
+from rl.tasks.curriculum import Curriculum, CurriculumConfig
 
 # two pools of three tasks each
 TASKS = [{"q": f"t{i}", "family": "easy" if i < 3 else "hard"} for i in range(6)]

@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import train
-from rl.job.config import register_configs
+from rl.config.schema import register_configs
 from tests.helpers.train_runs import REPO
 
 SHORT = [

@@ -5,19 +5,19 @@ import json
 
 import pytest
 
-from rl.job.distributed import DistInfo, shard, unshard
-from rl.job.eval_sets import EvalSet, score_eval_set
-from rl.job.evaluate import score
-from rl.job.outcomes import (
+from rl.eval.eval_sets import EvalSet, score_eval_set
+from rl.eval.evaluate import score
+from rl.eval.outcomes import (
     MAX_TEXT_CHARS,
     TaskOutcome,
     mark_repeats,
     outcome_of,
     outcome_path,
-    read_outcomes,
     task_key,
     write_outcomes,
 )
+from rl.job.distributed import DistInfo, shard, unshard
+from tests.helpers.outcome_files import read_outcomes
 
 TASK = {
     "question": "How many staff are in Sales?",

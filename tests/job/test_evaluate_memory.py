@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from envs import StepResult, start_episodes, step_episodes
-from rl.job.evaluate import evaluate
+from rl.eval.evaluate import play_eval
 from rl.job.model_loading import load_model
-from rl.job.play import play_groups
+from rl.rollout.play import play_groups
 from rollout_engine import LLMEngine, SamplingParams
 
 
@@ -41,8 +41,8 @@ def test_evaluation_drops_its_cached_kv_and_gives_the_memory_back():
     assert stats["kv_bytes_resident"] > 0 and stats["num_blocks_used"] == 0  # cached, not in use
     hits = stats["prefix_cache_hits"]
 
-    result = evaluate(engine, tokenizer, env, tasks, greedy, step_episodes, start_episodes, 64, labels=())
-    assert result.num_tasks == len(tasks)
+    outcomes = play_eval(engine, tokenizer, env, tasks, greedy, step_episodes, start_episodes, 64, labels=())
+    assert len(outcomes) == len(tasks)
     stats = engine.stats()
     assert stats["prefix_cache_hits"] > hits  # the evaluation itself still reused the cached prompts
     assert stats["kv_bytes_resident"] == 0

@@ -9,7 +9,8 @@ from envs.sql.generator import generate_sql_tasks
 from envs.sql.single_turn import SqlEnv
 from rl.job.guidance import guide_failed_groups
 from rl.job.model_loading import load_model
-from rl.job.play import Trajectory, prompt_token_ids, record_step
+from rl.rollout.play import Trajectory, record_step
+from rl.rollout.prompts import prompt_token_ids
 from rl.sync.adapter import add_lora
 
 PREFIX = "```sql\nSELECT"

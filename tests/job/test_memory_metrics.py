@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rl.job.loop_metrics import memory_metrics
+from rl.report.metrics import memory_metrics
 
 GIB = 2**30
 ENGINE = SimpleNamespace(stats=lambda: {"kv_bytes_resident_peak": 3 * GIB // 4, "kv_bytes_total": 2 * GIB})

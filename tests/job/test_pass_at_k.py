@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from host import cpu_threads
+from rl.config.checks import check_config
+from rl.config.schema import register_configs
+from rl.eval.compare import outcome_file
+from rl.eval.evaluate import EvalResult
+from rl.eval.pass_at_k import TaskSamples, ks_up_to, pass_at_k, score_pass_at_k
 from rl.job import modes
-from rl.job.compare import outcome_file
-from rl.job.config import register_configs
-from rl.job.config_checks import check_config
-from rl.job.evaluate import EvalResult
-from rl.job.outcomes import read_outcomes
-from rl.job.pass_at_k import TaskSamples, ks_up_to, pass_at_k, score_pass_at_k
 from rl.settings import ConfigError
 from rollout_engine import LLMEngine
+from tests.helpers.outcome_files import read_outcomes
 from tests.helpers.plugin_envs import PARITY, TRANSFER
 from tests.helpers.train_runs import compose_cfg
 

@@ -1,4 +1,4 @@
-"""rl.job.report: PNG plots from a synthetic metrics log, skipped plots, and clear errors for bad logs."""
+"""rl.report.plots: PNG plots from a synthetic metrics log, skipped plots, and clear errors for bad logs."""
 
 import json
 import runpy
@@ -10,8 +10,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from envs import ScoreWords
-from rl.job.logger import RunLogger
-from rl.job.report import ReportError, load_metrics, main, write_plots
+from rl.report.logger import RunLogger
+from rl.report.plots import ReportError, load_metrics, main, write_plots
 
 WORDS = ScoreWords(success="answer accuracy", tasks="unseen questions")
 
@@ -110,12 +110,12 @@ def test_missing_or_malformed_log_gets_a_clear_error(tmp_path, capsys, content, 
     assert not (tmp_path / "plots").exists() or not list((tmp_path / "plots").iterdir())
 
 
-@pytest.mark.filterwarnings("ignore:'rl.job.report' found in sys.modules")
+@pytest.mark.filterwarnings("ignore:'rl.report.plots' found in sys.modules")
 def test_python_dash_m_entry_point(tmp_path, monkeypatch, capsys):
     write_log(tmp_path, synthetic_log(num_steps=3, resumed_at=None))
-    monkeypatch.setattr(sys, "argv", ["rl.job.report", str(tmp_path), "--out", str(tmp_path / "png")])
+    monkeypatch.setattr(sys, "argv", ["rl.report.plots", str(tmp_path), "--out", str(tmp_path / "png")])
     with pytest.raises(SystemExit) as exit_info:
-        runpy.run_module("rl.job.report", run_name="__main__")
+        runpy.run_module("rl.report.plots", run_name="__main__")
     assert exit_info.value.code == 0
     assert sorted(p.name for p in (tmp_path / "png").iterdir()) == sorted(
         ["reward.png", "kl.png", "completion_lengths.png", "throughput.png", "step_time.png"]
@@ -134,8 +134,8 @@ def test_report_reads_what_the_run_logger_writes(tmp_path):
 
 
 def test_learning_curve_spans_the_warm_start_and_grpo_from_the_summary(tmp_path, monkeypatch):
-    from rl.job.evaluate import EvalResult
-    from rl.job.summary import EvalPoint, run_summary, write_summary
+    from rl.eval.evaluate import EvalResult
+    from rl.report.summary import EvalPoint, run_summary, write_summary
 
     points = [
         EvalPoint("base", 0, EvalResult(0.02, -0.05, 200)),

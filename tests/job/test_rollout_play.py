@@ -8,9 +8,10 @@ from transformers import AutoTokenizer
 
 from envs import StepResult, step_episodes
 from rl.algo.advantages import compute_advantages
-from rl.job.data import TaskStream
 from rl.job.model_loading import smollm2_checkpoint_dir
-from rl.job.play import group_rewards, play_groups, prompt_token_ids, to_rollout_batch
+from rl.rollout.play import group_rewards, play_groups, to_rollout_batch
+from rl.rollout.prompts import prompt_token_ids
+from rl.tasks.stream import TaskStream
 from rollout_engine import SamplingParams
 from rollout_engine.outputs import Completion, GroupResult
 

@@ -11,7 +11,7 @@ import torch
 import wandb
 from wandb.proto import wandb_internal_pb2
 
-from rl.job.logger import ProgressBars, RunLogger, SampleRow
+from rl.report.logger import ProgressBars, RunLogger, SampleRow
 
 STEPS = {
     1: {

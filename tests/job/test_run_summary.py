@@ -6,9 +6,9 @@ import pytest
 
 from envs import ScoreWords
 from envs.sql.grading import SQL_SCORE_WORDS
-from rl.job.evaluate import EvalResult, wilson_interval
-from rl.job.loop_metrics import StepTimer
-from rl.job.summary import EvalPoint, run_summary, summary_text, write_summary
+from rl.eval.evaluate import EvalResult, wilson_interval
+from rl.report.metrics import StepTimer
+from rl.report.summary import EvalPoint, run_summary, summary_text, write_summary
 
 
 def history_step(reward, **extra):

@@ -10,10 +10,11 @@ from envs.sql.single_turn import SqlEnv
 from rl.algo.batch import collate_rollouts
 from rl.algo.losses import LossConfig
 from rl.algo.trainer import train_step
-from rl.job.config import SftConfig
+from rl.config.schema import SftConfig
+from rl.job.demos import Demonstration, DemoSampler, demo_batch, demonstrations
 from rl.job.model_loading import load_model
-from rl.job.play import prompt_token_ids
-from rl.job.sft import Demonstration, DemoSampler, demo_batch, demonstrations, sft_step
+from rl.job.warm_start import sft_step
+from rl.rollout.prompts import prompt_token_ids
 from rl.sync.adapter import add_lora
 
 PREFIX = "```sql\nSELECT"

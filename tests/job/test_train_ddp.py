@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import train
+from rl.config.schema import register_configs
+from rl.eval.eval_sets import held_out_tasks
 from rl.job import grpo_step as grpo_step_module
 from rl.job import stages
-from rl.job.config import register_configs
-from rl.job.data import TaskStream
 from rl.job.distributed import (
     DistInfo,
     distributed,
@@ -29,12 +29,12 @@ from rl.job.distributed import (
     rank_device,
     shard,
 )
-from rl.job.eval_sets import held_out_tasks
-from rl.job.loop_metrics import combine_rank_metrics
 from rl.job.model_loading import load_model
-from rl.job.outcomes import read_outcomes
+from rl.report.metrics import combine_rank_metrics
 from rl.sync.adapter import add_lora, lora_tensors
+from rl.tasks.stream import TaskStream
 from rollout_engine import SamplingParams
+from tests.helpers.outcome_files import read_outcomes
 from tests.helpers.plugin_envs import VOWELS, vowel_tasks
 from tests.helpers.train_runs import compose_cfg
 

@@ -14,18 +14,18 @@ from envs import BaseEnv, EnvError, StepResult
 from rl.algo.advantages import compute_advantages
 from rl.job import distributed as dp
 from rl.job import modes, stages
-from rl.job.bookkeeping import resume
 from rl.job.checkpoint import RunDirError, find_latest
-from rl.job.data import TaskStream
 from rl.job.grpo_step import collect_groups
-from rl.job.loop_metrics import StepTimer
-from rl.job.outcomes import read_outcomes
 from rl.job.parts import build_parts
-from rl.job.play import group_rewards, to_rollout_batch
-from rl.job.sft import warm_start
+from rl.job.resume import resume
+from rl.job.warm_start import warm_start
+from rl.report.metrics import StepTimer
+from rl.rollout.play import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
 from rl.sync.adapter import lora_tensors
+from rl.tasks.stream import TaskStream
 from rollout_engine import SamplingParams
+from tests.helpers.outcome_files import read_outcomes
 from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS, plugin_module
 from tests.helpers.train_runs import SMALL_SQL, compose_cfg
 

@@ -13,12 +13,13 @@ import train
 from envs import EnvError
 from envs.sql.prompts import extract_sql
 from host import cpu_threads
+from rl.config.schema import register_configs
+from rl.eval.eval_sets import held_out_tasks
+from rl.eval.outcomes import task_key
 from rl.job import modes
-from rl.job.config import register_configs
-from rl.job.eval_sets import held_out_tasks
-from rl.job.outcomes import read_outcomes, task_key
 from rl.job.parts import build_parts
 from rl.settings import ConfigError
+from tests.helpers.outcome_files import read_outcomes
 from tests.helpers.plugin_envs import DATABASES, PARITY, TRANSFER, other_tasks, sql_tasks
 from tests.helpers.train_runs import SMALL_SQL, compose_cfg
 
@@ -176,10 +177,10 @@ def never_built(*args, **kwargs):
 def test_transfer_spider_without_its_root_stops_before_the_model_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "build_parts", never_built)
     with pytest.raises(ConfigError, match=r"transfer.tasks.root=\?\?\?: this setting has no default; set it"):
-        train.train(compose_cfg(tmp_path, "transfer=spider"))
-    cfg = compose_cfg(tmp_path, "transfer=spider", "transfer.tasks.root=/data/spider")
+        train.train(compose_cfg(tmp_path, "transfer=spider_heldout"))
+    cfg = compose_cfg(tmp_path, "transfer=spider_heldout", "transfer.tasks.root=/data/spider")
     assert cfg.transfer.tasks._target_ == "envs.sql.loaders.spider_tasks" and cfg.transfer.eval_tasks == 500
     assert list(cfg.transfer.labels) == ["family", "db_id"]
-    zero = compose_cfg(tmp_path, "transfer=spider", "transfer.tasks.root=/x", "transfer.eval_tasks=0")
+    zero = compose_cfg(tmp_path, "transfer=spider_heldout", "transfer.tasks.root=/x", "transfer.eval_tasks=0")
     with pytest.raises(ConfigError, match="transfer.eval_tasks=0: use an integer >= 1"):
         train.train(zero)

@@ -9,7 +9,7 @@ Few tasks are drawn twice in a short run, so a task's estimate borrows from its 
 the ``pool_by`` fields (e.g. query family and difficulty). The pool's rate has a Beta(1, 1) prior, so
 untried pools start at 0.5 (the highest weight: they are explored first), and a task's own attempts count
 against ``prior_strength`` pseudo-attempts at the pool's rate. Same seed and same outcomes give the same
-draws; ``position`` / ``restore`` make it resumable like ``rl.job.data.TaskStream``.
+draws; ``position`` / ``restore`` make it resumable like ``rl.tasks.stream.TaskStream``.
 
 With ``group_by`` (e.g. ``db_id``), a batch is filled one group at a time: a group is drawn by the sum of
 its tasks' weights, then tasks within it by their own, and the next group only when it runs out. The
@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rl.seeding import derive_seed
 from rl.settings import ConfigError, Settings, at_least
 
 
@@ -122,7 +123,7 @@ class Curriculum:
         weights = self.weights()
         if weights.sum() <= 0:  # everything is mastered or hopeless: draw uniformly
             weights = torch.ones_like(weights)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.draws)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, self.draws))
         self.draws += 1
         live = int((weights > 0).sum())
         if self._group_of is None:

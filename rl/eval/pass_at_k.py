@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from envs import Env, with_defaults
-from rl.job.evaluate import EvalResult, succeeded
-from rl.job.outcomes import outcome_path, task_key
-from rl.job.play import play_groups
+from rl.eval.evaluate import EvalResult
+from rl.eval.outcomes import outcome_path, task_key
+from rl.rollout.play import play_groups, succeeded
 
 PASSK = "passk"  # the outcome files' infix: held_out_passk_checkpoint_40.jsonl
 

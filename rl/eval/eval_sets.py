@@ -1,9 +1,10 @@
 """The sets a run is scored on: the env's held-out tasks and, when configured, a transfer set.
 
-The transfer set (``transfer=spider``) is the test split of a second task source, such as real questions
-on databases the env never generates, scored with the same env, prompt and greedy settings as the held-out
-set, so a run shows how what it learns carries over. Both are sampled the same way (`held_out_tasks`), sharded
-over the ranks, gathered, scored from their per-task outcomes, and written to the run directory by rank 0;
+The transfer set (``transfer=spider_heldout``) is the test split of a second task source, such as real
+questions on databases the env never generates, scored with the same env, prompt and greedy settings as the
+held-out set, so a run shows how what it learns carries over. Both are sampled the same way
+(`held_out_tasks`), sharded over the ranks, gathered, scored from their per-task outcomes, and written to
+the run directory by rank 0;
 ``mode=eval eval.samples=K`` also scores them by pass@k from K samples per task (`score_samples`).
 """
 
@@ -17,10 +18,10 @@ from typing import Any
 from datasets import Dataset
 
 from envs.tasks import task_splits
+from rl.eval.evaluate import EvalResult, score
+from rl.eval.outcomes import TaskOutcome, mark_repeats, outcome_path, write_outcomes
+from rl.eval.pass_at_k import PassAtK, TaskSamples, ks_up_to, passk_path, score_pass_at_k
 from rl.job import distributed as dp
-from rl.job.evaluate import EvalResult, score
-from rl.job.outcomes import TaskOutcome, mark_repeats, outcome_path, write_outcomes
-from rl.job.pass_at_k import PassAtK, TaskSamples, ks_up_to, passk_path, score_pass_at_k
 
 HELD_OUT = "held_out"
 TRANSFER = "transfer"

@@ -1,8 +1,8 @@
 """The value ranges of the config tree, checked once before any work starts.
 
-The schemas in ``rl.job.config`` fix each key's type at composition; ``check_config`` adds what a type cannot
-say (``prompts_per_step`` >= 1, ``top_p`` in (0, 1], a finite temperature ...): the rules each group owns
-(its ``RULES``), the keys that do not go together, and a device this machine lacks, so a bad value costs
+The schemas in ``rl.config.schema`` fix each key's type at composition; ``check_config`` adds what a type
+cannot say (``prompts_per_step`` >= 1, ``top_p`` in (0, 1], a finite temperature ...): the rules each group
+owns (its ``RULES``), the keys that do not go together, and a device this machine lacks, so a bad value costs
 seconds, not a model load or a first training step. Every bad key is named in one ConfigError, with the range
 it accepts.
 """
@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from envs import plugin_env_config
 from rl.algo.optim import lacks_decay
-from rl.job.config import TrainConfig
+from rl.config.schema import TrainConfig
 from rl.job.model_loading import resolve_device
 from rl.settings import ConfigError
 
@@ -24,7 +24,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     """One line per key whose value is outside its range (each group's RULES: `TrainConfig.problems`), per
     key left at ``???``, and per pair of keys that do not go together."""
     problems = TrainConfig.problems(cfg)
-    problems += [  # a value an option leaves to the user (a data root: env=spider, transfer=spider)
+    problems += [  # a value an option leaves to the user (a data root: env=spider, transfer=spider_heldout)
         f"{key}=???: this setting has no default; set it on the command line ({key}=...)"
         for key in _missing_keys(OmegaConf.to_container(cfg, resolve=False))
     ]
@@ -65,7 +65,7 @@ def _transfer_problems(transfer: DictConfig) -> list[str]:
     if not transfer.tasks or "_target_" in transfer.tasks:
         return []
     return [
-        "transfer.tasks has no _target_: choose a transfer set (transfer=spider) or set "
+        "transfer.tasks has no _target_: choose a transfer set (transfer=spider_heldout) or set "
         "transfer.tasks._target_ to a function returning a DatasetDict(train, test)"
     ]
 

@@ -1,6 +1,6 @@
-"""PNG plots of a run's metrics log, for users without W&B: ``python -m rl.job.report RUN_DIR [--out DIR]``.
+"""PNG plots of a run's metrics log, for users without W&B: ``python -m rl.report.plots RUN_DIR [--out DIR]``.
 
-Reads ``RUN_DIR/metrics.jsonl`` (written by ``rl.job.logger.RunLogger``) and draws the reward, held-out
+Reads ``RUN_DIR/metrics.jsonl`` (written by ``rl.report.logger.RunLogger``) and draws the reward, held-out
 accuracy, KL, completion lengths, rollout throughput and the step-time breakdown, each only when its metrics
 are in the log; from ``RUN_DIR/summary.json`` it draws the learning curve over every stage (the base model,
 the warm start, GRPO) with 95% intervals, and takes the env's names for its score and its tasks. A step
@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 from matplotlib.figure import Figure
 
-from rl.job.logger import METRICS_FILE, RESERVED
-from rl.job.summary import SUMMARY_FILE
+from rl.report.logger import METRICS_FILE, RESERVED
+from rl.report.summary import SUMMARY_FILE
 
 Series = dict[str, dict[int, float]]  # metric -> step -> value
 
@@ -202,7 +202,7 @@ def _draw(spec: PlotSpec, lines: Series, reward_std: dict[int, float] | None, pa
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: write the plots and list what was written and what was skipped."""
-    parser = argparse.ArgumentParser(prog="python -m rl.job.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rl.report.plots", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help=f"a training run's directory (holding {METRICS_FILE})")
     parser.add_argument("--out", default=None, help="where to write the PNGs (default: RUN_DIR/plots)")
     args = parser.parse_args(argv)

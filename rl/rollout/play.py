@@ -10,6 +10,7 @@ neither the engine nor the environments.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 
 from rl.algo.batch import RolloutBatch, collate_rollouts
+from rl.rollout.prompts import prompt_token_ids
+from rl.seeding import derive_seed
 
 
 @dataclass(slots=True)
@@ -43,15 +46,6 @@ class Trajectory:
         self.completion_ids.extend(token_ids)
         self.completion_mask.extend([int(logprobs is not None)] * len(token_ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(token_ids))
-
-
-def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]], response_prefix: str = "") -> list[int]:
-    """The chat-templated prompt, ending with the assistant's generation prompt and then the start of the
-    reply that the environment writes for the model (``response_prefix``, e.g. an opened code fence)."""
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    return list(ids) + tokenizer.encode(response_prefix, add_special_tokens=False)
 
 
 def play_groups(
@@ -167,7 +161,14 @@ def _continues(traj: Trajectory, episode: Any) -> bool:
 
 
 def _turn_seed(seed: int | None, turn: int) -> int | None:
-    return None if seed is None else seed + 1_000_003 * turn
+    return None if seed is None else derive_seed(turn, seed)  # turn 0 samples with the request's seed
+
+
+def succeeded(env: Any, trajectory: Trajectory) -> bool:
+    """Whether `env` counts the played episode as solved (its `is_success`); a reward or component that is
+    not a finite number (which `envs.step_episodes` never lets through) is never a success."""
+    values = [trajectory.reward, *trajectory.rewards.values()]
+    return all(map(math.isfinite, values)) and env.is_success(trajectory)
 
 
 def group_rewards(groups: Sequence[Sequence[Trajectory]]) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from rl.algo.advantages import reward_stats
-from rl.job.play import Trajectory
+from rl.rollout.play import Trajectory
 
 PHASES = ("sft", "generate", "env", "train", "sync", "eval")
 # How one step's metric combines over data-parallel ranks (by name, or by a prefix ending in "/"); the rest

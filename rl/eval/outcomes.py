@@ -1,7 +1,7 @@
 """Per-task outcomes of an evaluation, one JSONL line per task, so two runs scored on the same tasks pair up.
 
 A run writes ``RUN_DIR/evals/<set>_<stage>_<step>.jsonl`` at every evaluation (``held_out_grpo_40.jsonl``,
-``transfer_base_0.jsonl``); ``python -m rl.job.compare`` pairs two such files by their ``key``.
+``transfer_base_0.jsonl``); ``python -m rl.eval.compare`` pairs two such files by their ``key``.
 
 A task's key is a hash of what the task is, not of where its files lie: its ``db_id``, ``question`` and
 ``gold_sql`` (those it has; the whole row but ``db_path`` when it has none of them). Identical rows in one set
@@ -106,12 +106,6 @@ def write_outcomes(path: str | os.PathLike, outcomes: Sequence[TaskOutcome]) -> 
             f.write(json.dumps(outcome.as_dict(), ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path
-
-
-def read_outcomes(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of an outcome file, in order."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _clip(text: str, limit: int) -> str:

@@ -1,6 +1,6 @@
 """Two evaluations on the same tasks, compared task by task: accuracy of each and McNemar's exact test.
 
-    python -m rl.job.compare A B [--set held_out|transfer] [--stage final|base|sft|grpo_20] [--by family]
+    python -m rl.eval.compare A B [--set held_out|transfer] [--stage final|base|sft|grpo_20] [--by family]
 
 A and B are outcome files (``RUN_DIR/evals/<set>_<stage>_<step>.jsonl``, one line per task) or run
 directories, in which ``--set`` (default ``held_out``) and ``--stage`` (default ``final``: the last
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.job.outcomes import EVALS_DIR
+from rl.eval.outcomes import EVALS_DIR
 
 # how "final" orders a run's evaluations: a run from checkpoint= scores it first, as "checkpoint_<step>"
 STAGE_ORDER = ("base", "checkpoint", "sft", "grpo")
@@ -161,7 +161,7 @@ def outcome_file(path: str | Path, set_name: str, stage: str) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rl.job.compare", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rl.eval.compare", description=__doc__.split("\n")[0])
     parser.add_argument("a", help="outcome file (evals/<set>_<stage>_<step>.jsonl) or run directory")
     parser.add_argument("b", help="the same, for the run compared with A")
     parser.add_argument("--set", default="held_out", help="in a run directory: held_out or transfer")

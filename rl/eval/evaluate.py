@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs import BaseEnv, Env, with_defaults
-from rl.job.outcomes import TaskOutcome, mark_repeats, outcome_of
-from rl.job.play import Trajectory, play_groups
+from rl.eval.outcomes import TaskOutcome, outcome_of
+from rl.rollout.play import Trajectory, play_groups, succeeded
 
 
 @dataclass(slots=True)
@@ -74,36 +74,10 @@ def wilson_interval(accuracy: float, num_tasks: int, z: float = 1.959964) -> tup
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def succeeded(env: BaseEnv, trajectory: Trajectory) -> bool:
-    """Whether `env` counts the played episode as solved (its `is_success`); a reward or component that is
-    not a finite number (which `envs.step_episodes` never lets through) is never a success."""
-    values = [trajectory.reward, *trajectory.rewards.values()]
-    return all(map(math.isfinite, values)) and env.is_success(trajectory)
-
-
 def failure_of(env: BaseEnv, trajectory: Trajectory) -> str | None:
     """Why an unsolved episode failed: "env error" when the plugin's step failed (an exception, a hang, a
     reward that is not a number), else the env's own `failure` label (None: it gives none)."""
     return "env error" if trajectory.error is not None else env.failure(trajectory)
-
-
-def evaluate(
-    engine: Any,
-    tokenizer: Any,
-    env: Env,
-    tasks: Sequence[dict[str, Any]],
-    greedy_params: Any,
-    step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
-    start_fn: Callable[[Any, Sequence[Any]], list[Any]],
-    max_completion_tokens: int,
-    labels: Sequence[str] = ("family", "difficulty", "db_id"),
-) -> EvalResult:
-    """Play each task once with `greedy_params` and score it (`play_eval`, then `score`)."""
-    outcomes = play_eval(
-        engine, tokenizer, env, tasks, greedy_params, step_fn, start_fn, max_completion_tokens, labels
-    )
-    mark_repeats(outcomes)
-    return score(outcomes, labels)
 
 
 def play_eval(

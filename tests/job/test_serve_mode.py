@@ -11,11 +11,11 @@ from pathlib import Path
 import openai
 import pytest
 
+from rl.config.schema import register_configs
 from rl.job import distributed as dp
-from rl.job.config import register_configs
+from rl.job import modes
 from rl.job.model_loading import load_model
 from rl.settings import ConfigError
-from serve import command
 from tests.helpers.ctrl_c import popen_interruptible
 from tests.helpers.live_server import hf_greedy
 from tests.helpers.train_runs import adapted_checkpoint, compose_cfg, peft_reference
@@ -33,7 +33,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def serve_command():
     register_configs()
-    return command
+    return modes
 
 
 def serve_cfg(tmp_path, *overrides):

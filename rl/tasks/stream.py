@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from rl.seeding import derive_seed
 from rl.settings import ConfigError
 
 
@@ -23,7 +24,7 @@ class TaskStream:
         self._order = self._shuffle(0)
 
     def _shuffle(self, epoch: int) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
         return torch.randperm(len(self.tasks), generator=generator).tolist()
 
     def next_batch(self, batch_size: int) -> list[Any]:
@@ -36,6 +37,12 @@ class TaskStream:
             rows.append(self.tasks[self._order[self.index]])
             self.index += 1
         return rows
+
+    def record(self, outcomes: Sequence[tuple[Any, int, int]]) -> None:
+        """Outcomes do not change a seeded epoch's order (the curriculum's do)."""
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     def position(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index, "seed": self.seed}

@@ -7,8 +7,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rl.job import distributed as dp
 from rl.job.checkpoint import find_latest, load_checkpoint
-from rl.job.logger import RunLogger, SampleRow
 from rl.job.parts import Parts, grpo_version
+from rl.report.logger import RunLogger, SampleRow
 from rl.sync.adapter import lora_tensors
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from envs import ScoreWords
-from rl.job.evaluate import EvalResult
-from rl.job.loop_metrics import PHASES, StepTimer
+from rl.eval.evaluate import EvalResult
+from rl.report.metrics import PHASES, StepTimer
 
 SUMMARY_FILE = "summary.json"
 

@@ -3,13 +3,13 @@
 Every group's YAML is merged into these dataclasses, so an unknown key or a value of the wrong type is
 rejected at composition with a message that names the key; the YAML files hold only what differs from
 these defaults. Each group owns the value ranges of its keys (its ``RULES``, an `rl.settings.Settings`), and
-`rl.job.config_checks.check_config` checks them all, once, before any work starts.
+`rl.config.checks.check_config` checks them all, once, before any work starts.
 
 Only the job reads the config tree (`train.py` and the `rl.job` modules it runs: parts, grpo_step, stages,
 bookkeeping, modes, and `serve.command`); components take flat arguments, or one typed value. A
 component's own settings live beside it and are assembled here: `rl.algo.losses.LossConfig` (the algo.*
 keys of the update, which `train_step` takes as they are), and `rl.sync.adapter.LoraConfig`,
-`rl.job.logger.LoggerConfig` and `rl.job.curriculum.CurriculumConfig`, whose fields are the defaults of
+`rl.report.logger.LoggerConfig` and `rl.tasks.curriculum.CurriculumConfig`, whose fields are the defaults of
 `add_lora`, `RunLogger` and `Curriculum`. The choices come from the components' own lists. An installed
 env plugin's own config folder (`envs.plugin_config_dirs`) joins Hydra's search path after `conf/`, so
 ``env=<plugin name>`` finds it.
@@ -31,11 +31,11 @@ from rl.algo.advantages import ESTIMATORS, SCALES
 from rl.algo.losses import LossConfig
 from rl.algo.optim import LR_RULE, SCHEDULES, WARMUP_STEPS_RULE, WEIGHT_DECAY_RULE
 from rl.algo.trainer import MAX_GRAD_NORM_RULE, MICRO_BATCH_SIZE_RULE
-from rl.job.curriculum import CurriculumConfig
-from rl.job.logger import LoggerConfig
 from rl.job.model_loading import DTYPES, MODEL_NAMES
+from rl.report.logger import LoggerConfig
 from rl.settings import Settings, at_least, choices, fraction, optional, positive
 from rl.sync.adapter import LoraConfig
+from rl.tasks.curriculum import CurriculumConfig
 
 ModelName = choices("ModelName", MODEL_NAMES)
 DType = choices("DType", ("auto", *DTYPES))
@@ -123,8 +123,8 @@ class EnvConfig(Settings):
 
 @dataclass
 class TransferConfig(Settings):
-    """A second held-out set (``transfer=spider``): the test split of another task source, scored like the
-    env's own at the base, after the warm start and at the end. No `tasks`: none (``transfer=none``)."""
+    """A second held-out set (``transfer=spider_heldout``): the test split of another task source, scored like
+    the env's own at the base, after the warm start and at the end. No `tasks`: none (``transfer=none``)."""
 
     RULES = (("eval_tasks", at_least(1), "use an integer >= 1"),)
 
@@ -237,8 +237,8 @@ class TrainConfig(Settings):
     serve: ServeConfig = field(default_factory=ServeConfig)
     mode: Mode = Mode.train
     seed: int = 0
-    num_steps: int = 30
-    prompts_per_step: int = 4  # GRPO groups per step; per rank under torchrun (TRL's per-device batch)
+    num_steps: int = 40
+    prompts_per_step: int = 8  # GRPO groups per step; per rank under torchrun (TRL's per-device batch)
     eval_every: int = 10  # 0: evaluate only before and after training
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
@@ -265,10 +265,8 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     for group, node in [
         ("model", ModelConfig),
-        ("rollout", RolloutConfig),
         ("algo", AlgoConfig),
         ("env", EnvConfig),
         ("transfer", TransferConfig),
-        ("logger", LoggerConfig),
     ]:
         cs.store(group=group, name=f"{group}_schema", node=node)
