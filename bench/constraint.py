@@ -30,7 +30,7 @@ from machine import cpu_description
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import rollout_engine.engine as engine_module  # noqa: E402
+import rollout_engine.step_sampling as step_sampling  # noqa: E402
 from envs.base import start_episodes  # noqa: E402
 from rl.job.sampling import sampling_params  # noqa: E402
 from rl.rollout.prompts import prompt_token_ids  # noqa: E402
@@ -71,8 +71,8 @@ def main() -> None:
         "free": [params] * len(prompts),
         "constrained": [dataclasses.replace(params, constraint=c) for c in constraints],
     }
-    timed = TimedConstrain(engine_module.constrain)
-    engine_module.constrain = timed
+    timed = TimedConstrain(step_sampling.constrain)
+    step_sampling.constrain = timed
     engine = parts.engine
     totals = {arm: {"seconds": 0.0, "tokens": 0, "constraint_seconds": 0.0} for arm in arms}
     before = engine.stats()

@@ -35,7 +35,7 @@ import torch
 from json_line import emit
 from matmul_floor import matmul_floor_s, step_shapes
 from peer_process import run_peer
-from rollout import add_workload_arguments, chat_prompts, run_engine
+from rollout_workload import add_workload_arguments, chat_prompts, run_engine
 
 from pagedrl_kernels.cpu_gemm import set_bf16_gemm
 from rl.job.model_loading import load_model, smollm2_checkpoint_dir

@@ -28,7 +28,7 @@ from pathlib import Path
 import openai
 from json_line import emit
 from machine import cpu_description
-from rollout import TASKS
+from rollout_workload import TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2_135m"

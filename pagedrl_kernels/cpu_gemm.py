@@ -1,15 +1,15 @@
 """CPU projections through a pack made once per weight: fp32 weights packed for MKL's sgemm instead of on
 every call, bf16 weights as one stacked bf16 copy (below).
 
-`F.linear` on the CPU calls MKL's cblas_sgemm, which copies the weight matrix into its blocked layout on
-every call; at decode batch sizes that copy is a large part of the call. `packed_linear` keeps one
-packed copy per weight, made by MKL's cblas_sgemm_pack for 64 rows, and multiplies with cblas_sgemm_compute:
-the calls `torch.ops.mkl._mkl_reorder_linear_weight` and `_mkl_linear` make (what Inductor's freezing uses
-for fp32 CPU linear), with the same results bit for bit, from the MKL that torch's CPU library carries (the
-engine's generation ran 10-16% faster through these calls than through torch's two ops, in an interleaved
-A/B of bench/rollout.py's workload; see bench/RESULTS.md). One
-pack serves every row count: MKL's results from it equal F.linear's at other counts too (the tests check this
-on each machine they run on).
+`F.linear` on the CPU calls MKL's cblas_sgemm, which copies the weight matrix into its blocked layout on every
+call; at decode batch sizes that copy is a large part of the call. `packed_stacked_linear` keeps one packed
+copy per weight (or per stack of weights, below), made by MKL's cblas_sgemm_pack for 64 rows, and multiplies
+with cblas_sgemm_compute: the calls `torch.ops.mkl._mkl_reorder_linear_weight` and `_mkl_linear` make (what
+Inductor's freezing uses for fp32 CPU linear), with the same results bit for bit, from the MKL that torch's
+CPU library carries (the engine's generation ran 10-16% faster through these calls than through torch's two
+ops, in an interleaved A/B of bench/rollout.py's workload; see bench/RESULTS.md). One pack serves every row
+count: MKL's results from it equal F.linear's at other counts too (the tests check this on each machine
+they run on).
 
 A pack is rebuilt when its weight changes: an in-place update bumps the tensor's `_version`, and
 `param.data = new` changes its `data_ptr()`; a write through `param.data` (which shares the storage but not
@@ -47,8 +47,9 @@ a 2-core AVX2 AMD EPYC (no native bf16, where torch's bf16 matmul is its own gen
 SmolLM2-135M's engine at 48 sequences, 1 thread, CPU time: fp32 10.3 s, bf16 "mkl" 11.5 s, bf16 "torch"
 43.5 s. Where the CPU has avx512_bf16 or amx_bf16 the two are still to be measured.
 
-Everything else is exactly F.linear: CUDA tensors, other dtypes (fp16, fp64), weights made under
-inference_mode, fp32 on torch without MKL's packing calls, autograd, and the "torch" kernel backend.
+Everything else is declined (None), for the caller's F.linear: fewer than MIN_PACKED_ROWS rows, CUDA tensors,
+other dtypes (fp16, fp64), weights made under inference_mode, fp32 on torch without MKL's packing calls,
+autograd, mismatched shapes (F.linear names them), and the "torch" kernel backend.
 
 `packed_stacked_linear` multiplies x by several weights of one input at once (q/k/v, gate/up), stacked by
 rows into one pack, each part optionally plus a low-rank update W + L R (a LoRA adapter merged into its base
@@ -130,16 +131,12 @@ def _checked_bf16_gemm(name: str, source: str) -> str:
 _bf16_gemm = _checked_bf16_gemm(os.environ.get("PAGEDRL_BF16_GEMM", "torch"), "PAGEDRL_BF16_GEMM")
 
 
-def set_bf16_gemm(name: str) -> None:
+def set_bf16_gemm(name: str) -> str:
     """Multiply bf16 packs with "torch" (F.linear: oneDNN where torch uses it) or "mkl"
-    (cblas_gemm_bf16bf16f32)."""
+    (cblas_gemm_bf16bf16f32); returns the product this replaces."""
     global _bf16_gemm
-    _bf16_gemm = _checked_bf16_gemm(name, "bf16_gemm")
-
-
-def get_bf16_gemm() -> str:
-    """The bf16 product in force."""
-    return _bf16_gemm
+    previous, _bf16_gemm = _bf16_gemm, _checked_bf16_gemm(name, "bf16_gemm")
+    return previous
 
 
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162  # MKL's CBLAS constants
@@ -307,7 +304,7 @@ def _stacked_bias(parts: Sequence[PackPart]) -> torch.Tensor | None:
 def packed_stacked_linear(x: torch.Tensor, parts: Sequence[PackPart]) -> torch.Tensor | None:
     """x [..., in] times the parts' weights (each plus its update) stacked by rows, plus their biases:
     [..., sum of the parts' out], the parts' outputs side by side, through one pack of the stack; None on
-    inputs that packed_linear would not pack (the caller then multiplies by each part itself)."""
+    inputs it declines (see the top of this file: the caller then multiplies by each part itself)."""
     if not _takes_packed(x, parts):
         return None
     packed = _pack_of(parts)
@@ -342,13 +339,6 @@ def _mkl_product(
             _ROW_MAJOR, _NO_TRANS, _TRANS, m, n, k, 1.0, a, lda, packed.data_ptr(), k, beta, y.data_ptr(), n
         )
     return y
-
-
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), through the weight's cached pack on fp32 (MKL-packed) and bf16 CPU tensors
-    from MIN_PACKED_ROWS rows up."""
-    y = packed_stacked_linear(x, (PackPart(weight, bias),))
-    return F.linear(x, weight, bias) if y is None else y
 
 
 def pack_bytes(weights: Sequence[torch.Tensor]) -> int:

@@ -8,7 +8,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,31 +17,23 @@ from host.cpu_threads import adapt_cpu_threads
 from pagedrl_kernels.backend import HAS_TRITON
 from pagedrl_kernels.cpu_gemm import packed_weight_bytes
 from rollout_engine.block_manager import BlockManager
-from rollout_engine.constraints import ConstraintStats, constrain
+from rollout_engine.constraints import ConstraintStats
 from rollout_engine.kv_pool import commits_on_write
 from rollout_engine.lora import LoraAdapter
-from rollout_engine.memory import kv_pool_report, memory_source, plan_kv_pool, total_memory_bytes
+from rollout_engine.memory import plan_kv_pool
 from rollout_engine.model_runner import ModelRunner, order_for_step
 from rollout_engine.models import build_paged_model, unwrap_model
-from rollout_engine.outputs import Completion, GroupResult, StepOutput, TokenOutput
+from rollout_engine.outputs import GroupResult, StepOutput, TokenOutput
+from rollout_engine.request_table import RequestTable
 from rollout_engine.requests import check_prompt, params_per_prompt
-from rollout_engine.sampler import SamplingBatch, sample, top_logprobs
 from rollout_engine.sampling_params import SamplingParams, SamplingParamsError
 from rollout_engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from rollout_engine.sequence import Sequence
+from rollout_engine.step_sampling import SampledRow, sample_step
 from rollout_engine.stopping import StopChecker
 from rollout_engine.sync_contract import SyncStats, load_update, lora_layers
 
 logger = logging.getLogger(__name__)
-_SampledRow = tuple[int, float, list[tuple[int, float]]]  # a token, its logprob, its alternatives
-
-
-@dataclass(slots=True)
-class _Request:
-    prompt_token_ids: list[int]
-    samples: list[Completion | None]
-    stop: StopChecker
-    num_finished: int = 0
 
 
 class LLMEngine:
@@ -78,42 +69,27 @@ class LLMEngine:
         # Decode steps replay CUDA graphs unless enforce_eager; their memory comes out of the same budget.
         # The graphs capture the Triton kernels: without triton (not installed off Linux x86_64) run eagerly.
         use_graphs = weight.device.type == "cuda" and not enforce_eager and HAS_TRITON
-        total_bytes = total_memory_bytes(weight.device, memory_budget_bytes)
-        num_blocks, graph_bytes, packed_bytes = plan_kv_pool(
+        pool = plan_kv_pool(
             self.model,
             config,
             block_size,
-            int(memory_fraction * total_bytes),
+            memory_fraction,
+            memory_budget_bytes,
             max_num_seqs,
             max_num_batched_tokens,
             self.max_model_len,
             use_graphs,
         )
-        self.block_manager = BlockManager(num_blocks, block_size)
+        self.block_manager = BlockManager(pool.num_blocks, block_size)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, weight.dtype, weight.device)
+        self.runner = ModelRunner(self.model, pool.num_blocks, block_size, weight.dtype, weight.device)
         if use_graphs:
             self.runner.capture_graphs(max_num_seqs, self.block_manager.num_blocks_for(self.max_model_len))
-        self.cuda_graph_bytes_reserved, self.packed_weight_bytes_reserved = graph_bytes, packed_bytes
-        source = memory_source(weight.device, memory_budget_bytes)
-        kv_bytes = self.runner.kv_bytes_total
-        lazy = commits_on_write(weight.device)
-        logger.info(
-            kv_pool_report(
-                num_blocks,
-                block_size,
-                kv_bytes,
-                graph_bytes,
-                memory_fraction,
-                total_bytes,
-                source,
-                lazy,
-                packed_bytes,
-            )
-        )
+        self.cuda_graph_bytes_reserved = pool.graph_bytes
+        self.packed_weight_bytes_reserved = pool.packed_bytes
+        logger.info(pool.report(self.runner.kv_bytes_total, commits_on_write(weight.device)))
         self.tokenizer = tokenizer
-        self._requests: dict[int, _Request] = {}
-        self._next_request_id = 0
+        self._requests = RequestTable()
         self._next_seq_id = 0
         self.num_prefill_tokens = 0
         self.num_generated_tokens = 0
@@ -149,14 +125,8 @@ class LLMEngine:
         """Queue a checked request."""
         if self.lora is None and params.lora is not None:  # no adapter: every request samples the base model
             params = dataclasses.replace(params, lora=None)
-        request_id = self._next_request_id
-        self._next_request_id += 1
+        request_id = self._requests.add(prompt_token_ids, params.n, stop)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
-        self._requests[request_id] = _Request(
-            prompt_token_ids=list(prompt_token_ids),
-            samples=[None] * params.n,
-            stop=stop,
-        )
         rngs = [random.Random(seed + i) for i in range(params.n)]
         self.scheduler.add(
             self._new_sequence(request_id, list(prompt_token_ids), len(prompt_token_ids), params, rngs)
@@ -173,7 +143,7 @@ class LLMEngine:
 
     def abort_request(self, request_id: int) -> None:
         """Drop a request's samples and free their KV blocks; an unknown or finished id is ignored."""
-        self._requests.pop(request_id, None)
+        self._requests.drop(request_id)
         self.scheduler.abort(request_id)
 
     def has_unfinished(self) -> bool:
@@ -209,25 +179,10 @@ class LLMEngine:
         ]
         logits = self.runner.run(self.runner.prepare(items, rows_per_item))
         sampling = [item.seq for item in items if item.samples_next_token]
-        rngs = [rng for seq in sampling for rng in seq.rngs]
-        params = [seq.params for seq in sampling for _ in range(seq.num_samples_at_next_token)]
-        batch = SamplingBatch(
-            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params], rngs
-        )
-        tokens, logprobs = sample(logits, batch)
-        if any(p.constraint is not None for p in params):
-            tokens, logprobs = constrain(
-                logits, batch, tokens, logprobs, sampling, self.tokenizer, self.constraint_stats
-            )
-        num_top = max((p.top_logprobs for p in params), default=0)
-        values = [tokens.double(), logprobs.double()]
-        if num_top:  # the alternatives travel in the same sync, as k ids then k logprobs per row
-            top_values, top_ids = top_logprobs(logits, batch.temperatures, num_top)
-            values.append(torch.cat((top_ids.double(), top_values.double()), dim=1).flatten())
-        flat = torch.cat(values).tolist()  # the step's one sync
+        rows = sample_step(logits, sampling, self.tokenizer, self.constraint_stats)
         for item in items:
             self._advance(item)
-        return self._process_samples(sampling, _rows(flat, len(params), num_top))
+        return self._process_samples(sampling, rows)
 
     def _advance(self, item: ScheduledSeq) -> None:
         seq = item.seq
@@ -236,7 +191,7 @@ class LLMEngine:
         seq.num_computed_tokens += item.num_new_tokens
         self.block_manager.mark_computed(seq)
 
-    def _process_samples(self, sampling: list[Sequence], rows: list[_SampledRow]) -> StepOutput:
+    def _process_samples(self, sampling: list[Sequence], rows: list[SampledRow]) -> StepOutput:
         out = StepOutput()
         row = iter(rows)
         for seq in sampling:
@@ -274,28 +229,15 @@ class LLMEngine:
         return children
 
     def _finish_reason(self, seq: Sequence) -> str | None:
-        reason = self._requests[seq.request_id].stop.finish_reason(seq.completion_token_ids)
+        reason = self._requests.stop_reason(seq)
         if reason is None and seq.num_tokens >= self.max_model_len:
             reason = "length"
         return reason
 
     def _finish(self, seq: Sequence, reason: str) -> GroupResult | None:
         """Retire a finished sample; returns its group once every sample of it has finished."""
-        request = self._requests[seq.request_id]
         self.scheduler.finish(seq)
-        request.samples[seq.sample_index] = Completion(
-            request.prompt_token_ids,
-            seq.completion_token_ids,
-            seq.logprobs,
-            reason,
-            seq.sample_index,
-            seq.top_logprobs,
-        )
-        request.num_finished += 1
-        if request.num_finished < len(request.samples):
-            return None
-        del self._requests[seq.request_id]
-        return GroupResult(seq.request_id, request.prompt_token_ids, list(request.samples))
+        return self._requests.finish(seq, reason)
 
     # front door
 
@@ -362,19 +304,6 @@ class LLMEngine:
             for prompt, p in zip(prompt_token_ids, params_list, strict=True)
         ]
 
-    def continue_request(
-        self, completion: Completion, new_token_ids: list[int], params: SamplingParams
-    ) -> GroupResult:
-        """Append environment tokens to a finished sample and generate the next turn.
-
-        The conversation so far (prompt + completion) was cached block by block while it was generated,
-        so the earlier turns' full KV blocks are reused through the prefix cache and only the new tokens
-        (plus the tail of the last, partly filled block) are prefilled.
-        """
-        return self.generate(
-            [completion.prompt_token_ids + completion.token_ids + list(new_token_ids)], params
-        )[0]
-
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (call after each weight update); on the CPU the memory of every free
         block goes back to the system."""
@@ -436,16 +365,3 @@ class LLMEngine:
             "packed_weight_bytes": packed_weight_bytes(),
             "packed_weight_bytes_reserved": self.packed_weight_bytes_reserved,
         }
-
-
-def _rows(flat: list[float], num_rows: int, num_top: int) -> list[_SampledRow]:
-    """The step's synced values back into rows: flat holds the rows' tokens, then their logprobs, then per row
-    num_top alternative ids followed by their num_top logprobs."""
-    tokens, logprobs, tops = flat[:num_rows], flat[num_rows : 2 * num_rows], flat[2 * num_rows :]
-    width = 2 * num_top
-    rows = []
-    for i in range(num_rows):
-        top = tops[i * width : (i + 1) * width]
-        pairs = [(int(token), logprob) for token, logprob in zip(top[:num_top], top[num_top:], strict=True)]
-        rows.append((int(tokens[i]), logprobs[i], pairs))
-    return rows

@@ -12,6 +12,7 @@ engine.stats()['packed_weight_bytes'] reports once they are made).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from transformers import PretrainedConfig
@@ -48,35 +49,6 @@ def memory_source(device: torch.device, memory_budget_bytes: int | None) -> str:
 
 def _format_bytes(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
-
-
-def kv_pool_report(
-    num_blocks: int,
-    block_size: int,
-    kv_bytes: int,
-    graph_bytes: int,
-    memory_fraction: float,
-    total_bytes: int,
-    source: str,
-    commits_on_write: bool,
-    packed_bytes: int = 0,
-) -> str:
-    """The line the engine logs at start-up: the KV pool it reserved, whether that memory is taken now or
-    as blocks are written, and the budget that sized it."""
-    graphs = f" and {_format_bytes(graph_bytes)} for CUDA graphs" if graph_bytes else ""
-    packs = f" and {_format_bytes(packed_bytes)} of packed weights" if packed_bytes else ""
-    taken = (
-        "taken page by page as blocks are written (engine.stats()['kv_bytes_resident'] is what is held)"
-        if commits_on_write
-        else "allocated now"
-    )
-    return (
-        f"KV pool: reserved {num_blocks} blocks x {block_size} tokens = {kv_bytes} bytes "
-        f"({_format_bytes(kv_bytes)}), {taken}{graphs}, from memory_fraction={memory_fraction} x "
-        f"{_format_bytes(total_bytes)} of {source} = "
-        f"{_format_bytes(int(memory_fraction * total_bytes))}, less one step's activations{packs}; pass a "
-        "smaller memory_fraction or memory_budget_bytes to reserve less"
-    )
 
 
 def activation_bytes(
@@ -122,21 +94,55 @@ def num_kv_blocks(
     return num_blocks
 
 
+@dataclass(frozen=True, slots=True)
+class KvPoolPlan:
+    """The KV pool sized for an engine: its blocks, the bytes its budget reserved for CUDA graphs and for
+    packed weights, and the budget it came from (memory_fraction x total_bytes of `source`)."""
+
+    num_blocks: int
+    block_size: int
+    graph_bytes: int
+    packed_bytes: int
+    memory_fraction: float
+    total_bytes: int
+    source: str
+
+    def report(self, kv_bytes: int, commits_on_write: bool) -> str:
+        """The line the engine logs at start-up: the KV pool of `kv_bytes` it reserved, whether that memory is
+        taken now or as blocks are written, and the budget that sized it."""
+        graphs = f" and {_format_bytes(self.graph_bytes)} for CUDA graphs" if self.graph_bytes else ""
+        packs = f" and {_format_bytes(self.packed_bytes)} of packed weights" if self.packed_bytes else ""
+        taken = (
+            "taken page by page as blocks are written (engine.stats()['kv_bytes_resident'] is what is held)"
+            if commits_on_write
+            else "allocated now"
+        )
+        budget = _format_bytes(int(self.memory_fraction * self.total_bytes))
+        return (
+            f"KV pool: reserved {self.num_blocks} blocks x {self.block_size} tokens = {kv_bytes} bytes "
+            f"({_format_bytes(kv_bytes)}), {taken}{graphs}, from memory_fraction={self.memory_fraction} x "
+            f"{_format_bytes(self.total_bytes)} of {self.source} = {budget}, less one step's "
+            f"activations{packs}; pass a smaller memory_fraction or memory_budget_bytes to reserve less"
+        )
+
+
 def plan_kv_pool(
     model: PagedDecoder,
     config: PretrainedConfig,
     block_size: int,
-    budget_bytes: int,
+    memory_fraction: float,
+    memory_budget_bytes: int | None,
     max_num_seqs: int,
     max_num_batched_tokens: int,
     max_model_len: int,
     use_graphs: bool,
-) -> tuple[int, int, int]:
-    """(number of KV blocks, bytes reserved for CUDA graphs, bytes reserved for packed weights) for the
-    paged `model` under `budget_bytes`: activations measured on CUDA and estimated on CPU, graphs measured
-    by a trial capture when used, packs the size of the weights they copy."""
+) -> KvPoolPlan:
+    """The KV pool of the paged `model` under memory_fraction of total_memory_bytes: activations measured on
+    CUDA and estimated on CPU, graphs measured by a trial capture when used, packs the size of the weights
+    they copy."""
     weight = model.embed_tokens.weight
     device, dtype = weight.device, weight.dtype
+    total_bytes = total_memory_bytes(device, memory_budget_bytes)
     if device.type == "cuda":
         act = profile_activation_bytes(
             model, block_size, dtype, device, max_num_batched_tokens, max_num_seqs, max_model_len
@@ -151,5 +157,7 @@ def plan_kv_pool(
         graph_bytes = measure_graph_bytes(model, block_size, max_num_seqs, max_blocks_per_seq)
     products = [linear.weight for layer in model.layers for stack in layer.products for linear in stack]
     packed = pack_bytes([*products, model.lm_head.weight])
+    budget_bytes = int(memory_fraction * total_bytes)
     num_blocks = num_kv_blocks(budget_bytes, act, per_block, max_model_len, block_size, graph_bytes, packed)
-    return num_blocks, graph_bytes, packed
+    source = memory_source(device, memory_budget_bytes)
+    return KvPoolPlan(num_blocks, block_size, graph_bytes, packed, memory_fraction, total_bytes, source)

@@ -1,9 +1,9 @@
-"""packed_linear against F.linear: the MKL-packed product on fp32 CPU tensors for any row count, a pack
-rebuilt when its weight is written in place or its data replaced and freed with its weight, and F.linear
-itself for everything the pack does not cover (few rows, fp16 and fp64, inference tensors, autograd, the
-torch backend, bad shapes); packed_stacked_linear against F.linear of each part's weight, plus its
-low-rank update W + L R, side by side: one pack of the stack, rebuilt when any part's weight or update
-changes and freed with any of them."""
+"""packed_stacked_linear against F.linear: one weight's MKL-packed product on fp32 CPU tensors for any row
+count it takes, a pack rebuilt when its weight is written in place or its data replaced and freed with its
+weight, and None (the caller's F.linear) for everything the pack does not cover (few rows, fp16 and fp64,
+inference tensors, autograd, the torch backend, bad shapes); a stack of weights against F.linear of each
+part's weight, plus its low-rank update W + L R, side by side: one pack of the stack, rebuilt when any part's
+weight or update changes and freed with any of them."""
 
 import gc
 
@@ -17,13 +17,13 @@ from pagedrl_kernels.cpu_gemm import (
     MIN_PACKED_ROWS,
     PackPart,
     WeightUpdate,
-    packed_linear,
     packed_stacked_linear,
     packed_weight_bytes,
 )
 
 requires_mkl = pytest.mark.skipif(
-    not HAS_MKL_PACKING, reason="this torch has no MKL (torch._C.has_mkl is false): packed_linear is F.linear"
+    not HAS_MKL_PACKING,
+    reason="this torch has no MKL (torch._C.has_mkl is false): fp32 products are left to F.linear",
 )
 
 
@@ -34,20 +34,22 @@ def frozen_weight(out_features: int, in_features: int, gen: torch.Generator) -> 
 @requires_mkl
 @pytest.mark.parametrize("num_rows", [1, 7, 64, 200])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_linear_equals_f_linear(num_rows, with_bias, gen):
+def test_a_packed_product_equals_f_linear_and_fewer_rows_are_declined(num_rows, with_bias, gen):
     weight = frozen_weight(96, 72, gen)
     bias = torch.randn(96, generator=gen) if with_bias else None
     x = torch.randn(num_rows, 72, generator=gen)
     before = packed_weight_bytes()
-    y = packed_linear(x, weight, bias)
-    torch.testing.assert_close(y, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
-    packed = num_rows >= MIN_PACKED_ROWS
-    assert packed_weight_bytes() - before == (weight.nbytes if packed else 0)
+    y = packed_stacked_linear(x, [PackPart(weight, bias)])
+    if num_rows < MIN_PACKED_ROWS:
+        assert y is None and packed_weight_bytes() == before
+    else:
+        torch.testing.assert_close(y, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        assert packed_weight_bytes() - before == weight.nbytes
 
 
 @requires_mkl
 @pytest.mark.parametrize("num_rows", [MIN_PACKED_ROWS, 64, 130])
-def test_packed_linear_is_bit_for_bit_torchs_own_mkl_packed_linear(num_rows, gen):
+def test_a_packed_product_is_bit_for_bit_torchs_own_mkl_packed_linear(num_rows, gen):
     """The same MKL calls as torch.ops.mkl's reorder and linear (Inductor's fp32 CPU linear), into our own
     buffers: the same bits."""
     weight = frozen_weight(200, 72, gen)
@@ -56,7 +58,7 @@ def test_packed_linear_is_bit_for_bit_torchs_own_mkl_packed_linear(num_rows, gen
     theirs = torch.ops.mkl._mkl_reorder_linear_weight(weight, 64)
     for b in (None, bias):
         expected = torch.ops.mkl._mkl_linear(x, theirs, weight, b, num_rows)
-        assert torch.equal(packed_linear(x, weight, b), expected)
+        assert torch.equal(packed_stacked_linear(x, [PackPart(weight, b)]), expected)
 
 
 @requires_mkl
@@ -64,13 +66,15 @@ def test_a_rebuilt_pack_reuses_its_buffer(gen):
     weight = frozen_weight(48, 32, gen)
     factors = Factors(48, 32, 4, gen)
     x = torch.randn(16, 32, generator=gen)
-    packed_linear(x, weight)
+    packed_stacked_linear(x, [PackPart(weight)])
     packed_stacked_linear(x, [PackPart(weight, None, factors.update())])
     buffers = {key: pack.packed.data_ptr() for key, pack in cpu_gemm._packs.items() if key[0] == id(weight)}
     with torch.no_grad():
         weight.mul_(0.5)
     factors.version += 1
-    torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        packed_stacked_linear(x, [PackPart(weight)]), F.linear(x, weight), atol=1e-5, rtol=1e-5
+    )
     merged = packed_stacked_linear(x, [PackPart(weight, None, factors.update())])
     torch.testing.assert_close(
         merged, F.linear(x, weight + factors.left @ factors.right), atol=1e-4, rtol=1e-5
@@ -83,9 +87,10 @@ def test_a_rebuilt_pack_reuses_its_buffer(gen):
 def test_one_pack_serves_every_row_count_and_strided_inputs(gen):
     weight = frozen_weight(40, 33, gen)
     before = packed_weight_bytes()
-    for num_rows in (200, 5, 64, 13, 1, 129):
+    for num_rows in (200, 5, 64, 13, MIN_PACKED_ROWS, 129):
         x = torch.randn(num_rows, 66, generator=gen)[:, ::2]  # not contiguous
-        torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+        y = packed_stacked_linear(x, [PackPart(weight)])
+        torch.testing.assert_close(y, F.linear(x, weight), atol=1e-5, rtol=1e-5)
     assert packed_weight_bytes() - before == weight.nbytes
 
 
@@ -93,28 +98,31 @@ def test_one_pack_serves_every_row_count_and_strided_inputs(gen):
 def test_an_in_place_update_is_seen_by_the_next_call(gen):
     weight = frozen_weight(48, 32, gen)
     x = torch.randn(16, 32, generator=gen)
-    packed_linear(x, weight)
+    parts = [PackPart(weight)]
+    packed_stacked_linear(x, parts)
     with torch.no_grad():
         weight.add_(1)
-    torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed_stacked_linear(x, parts), F.linear(x, weight), atol=1e-5, rtol=1e-5)
     with torch.inference_mode():
         weight.mul_(-2)
-        torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+        y = packed_stacked_linear(x, parts)
+        torch.testing.assert_close(y, F.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
 @requires_mkl
 def test_replaced_weight_data_is_seen_by_the_next_call(gen):
     layer = torch.nn.Linear(32, 48)
     x = torch.randn(16, 32, generator=gen)
+    parts = [PackPart(layer.weight, layer.bias)]
     with torch.no_grad():
-        packed_linear(x, layer.weight, layer.bias)
+        packed_stacked_linear(x, parts)
         layer.weight.data = torch.randn(48, 32, generator=gen)
         expected = F.linear(x, layer.weight, layer.bias)
-        torch.testing.assert_close(packed_linear(x, layer.weight, layer.bias), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed_stacked_linear(x, parts), expected, atol=1e-5, rtol=1e-5)
         layer.weight.data = torch.randn(48, 16, generator=gen)  # another shape: the pack needs another buffer
         x = torch.randn(16, 16, generator=gen)
         expected = F.linear(x, layer.weight, layer.bias)
-        torch.testing.assert_close(packed_linear(x, layer.weight, layer.bias), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed_stacked_linear(x, parts), expected, atol=1e-5, rtol=1e-5)
 
 
 @requires_mkl
@@ -125,10 +133,11 @@ def test_a_pack_made_in_inference_mode_serves_no_grad_calls_and_other_thread_cou
     try:
         with torch.inference_mode():
             torch.set_num_threads(2)
-            packed_linear(x, weight)
+            packed_stacked_linear(x, [PackPart(weight)])
         torch.set_num_threads(1)
         with torch.no_grad():
-            torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-5)
+            y = packed_stacked_linear(x, [PackPart(weight)])
+            torch.testing.assert_close(y, F.linear(x, weight), atol=1e-5, rtol=1e-5)
     finally:
         torch.set_num_threads(threads)
 
@@ -137,7 +146,7 @@ def test_a_pack_made_in_inference_mode_serves_no_grad_calls_and_other_thread_cou
 def test_a_freed_weight_frees_its_pack(gen):
     before = packed_weight_bytes()
     weight = frozen_weight(64, 48, gen)
-    packed_linear(torch.randn(8, 48, generator=gen), weight)
+    packed_stacked_linear(torch.randn(8, 48, generator=gen), [PackPart(weight)])
     assert packed_weight_bytes() - before == weight.nbytes
     del weight
     gc.collect()
@@ -145,22 +154,23 @@ def test_a_freed_weight_frees_its_pack(gen):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
-def test_other_dtypes_fall_back_to_f_linear(dtype, gen):  # bf16 has packs of its own: test_cpu_gemm_bf16.py
+def test_other_dtypes_are_declined(dtype, gen):  # bf16 has packs of its own: test_cpu_gemm_bf16.py
     weight = frozen_weight(48, 32, gen).to(dtype)
     x = torch.randn(16, 32, generator=gen).to(dtype)
     before = packed_weight_bytes()
-    torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=0, rtol=0)
+    assert packed_stacked_linear(x, [PackPart(weight)]) is None
     assert packed_weight_bytes() == before
 
 
-def test_autograd_and_the_torch_backend_fall_back_to_f_linear(gen):
+def test_autograd_and_the_torch_backend_are_declined(gen):
     weight = torch.nn.Parameter(torch.randn(48, 32, generator=gen))
     x = torch.randn(16, 32, generator=gen)
     before = packed_weight_bytes()
-    packed_linear(x, weight).sum().backward()
-    torch.testing.assert_close(weight.grad, x.sum(0).expand(48, 32))
+    assert packed_stacked_linear(x, [PackPart(weight)]) is None  # the weight needs a gradient
+    x_grad = x.clone().requires_grad_()
+    assert packed_stacked_linear(x_grad, [PackPart(weight.detach())]) is None  # x needs one
     with torch.no_grad(), use_backend("torch"):
-        torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=0, rtol=0)
+        assert packed_stacked_linear(x, [PackPart(weight)]) is None
     assert packed_weight_bytes() == before
 
 
@@ -169,16 +179,16 @@ def test_a_weight_made_under_inference_mode_is_not_packed(gen):
         weight = torch.randn(48, 32, generator=gen)  # no version counter: its writes could not be seen
         x = torch.randn(16, 32, generator=gen)
         before = packed_weight_bytes()
-        torch.testing.assert_close(packed_linear(x, weight), F.linear(x, weight), atol=0, rtol=0)
+        assert packed_stacked_linear(x, [PackPart(weight)]) is None
         assert packed_weight_bytes() == before
 
 
-def test_mismatched_shapes_raise_f_linears_error(gen):
+def test_mismatched_shapes_are_declined_for_f_linear_to_name(gen):
     weight = frozen_weight(48, 32, gen)
-    with torch.no_grad(), pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-        packed_linear(torch.randn(16, 31, generator=gen), weight)
-    with torch.no_grad(), pytest.raises(RuntimeError):
-        packed_linear(torch.randn(16, 32, generator=gen), weight, torch.randn(47, generator=gen))
+    with torch.no_grad():
+        assert packed_stacked_linear(torch.randn(16, 31, generator=gen), [PackPart(weight)]) is None
+        bad_bias = PackPart(weight, torch.randn(47, generator=gen))
+        assert packed_stacked_linear(torch.randn(16, 32, generator=gen), [bad_bias]) is None
 
 
 class Factors:
@@ -209,7 +219,7 @@ def test_packed_stacked_linear_multiplies_by_the_merged_weight(num_rows, gen):
     torch.testing.assert_close(y, F.linear(x, merged(weight, factors), bias), atol=1e-4, rtol=1e-5)
     assert packed_weight_bytes() - before == weight.nbytes
     # the base weight's own pack is another pack, beside the merged one
-    base = packed_linear(x, weight, bias)
+    base = packed_stacked_linear(x, [PackPart(weight, bias)])
     torch.testing.assert_close(base, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
     assert packed_weight_bytes() - before == 2 * weight.nbytes
 
@@ -316,7 +326,7 @@ def test_a_freed_update_owner_frees_its_merged_pack(gen):
     assert packed_weight_bytes() == before
 
 
-def test_packed_stacked_linear_declines_what_packed_linear_does_not_pack(gen):
+def test_a_stack_is_declined_where_one_part_would_be(gen):
     weight = frozen_weight(48, 32, gen)
     other = frozen_weight(16, 31, gen)
     parts = [PackPart(weight, None, Factors(48, 32, 4, gen).update())]

@@ -16,8 +16,6 @@ from pagedrl_kernels.cpu_gemm import (
     MIN_PACKED_ROWS,
     PackPart,
     WeightUpdate,
-    get_bf16_gemm,
-    packed_linear,
     packed_stacked_linear,
     packed_weight_bytes,
     set_bf16_gemm,
@@ -30,8 +28,7 @@ ONE_ROUNDING = dict(atol=1e-3, rtol=2**-7)
 
 @pytest.fixture(params=BF16_GEMMS)
 def bf16_gemm(request):
-    previous = get_bf16_gemm()
-    set_bf16_gemm(request.param)
+    previous = set_bf16_gemm(request.param)
     yield request.param
     set_bf16_gemm(previous)
 
@@ -68,7 +65,7 @@ def test_a_bf16_product_is_the_fp32_product_rounded_once(bf16_gemm, num_rows, wi
     bias = torch.randn(96, generator=gen).bfloat16() if with_bias else None
     x = torch.randn(num_rows, 144, generator=gen).bfloat16()[:, ::2]  # strided rows
     before = packed_weight_bytes()
-    y = packed_linear(x, weight, bias)
+    y = packed_stacked_linear(x, [PackPart(weight, bias)])
     assert y.dtype == torch.bfloat16 and y.shape == (num_rows, 96)
     torch.testing.assert_close(y.float(), reference(x, weight, bias).float(), **ONE_ROUNDING)
     assert packed_weight_bytes() - before == weight.nbytes  # one bf16 copy: 96 x 72 x 2 bytes
@@ -113,18 +110,18 @@ def test_a_pack_made_in_inference_mode_is_rebuilt_outside_it(gen):
     weight = bf16_weight(48, 32, gen)
     x = torch.randn(8, 32, generator=gen).bfloat16()
     with torch.inference_mode():
-        packed_linear(x, weight)
+        packed_stacked_linear(x, [PackPart(weight)])
     with torch.no_grad():
         weight.add_(1)
-        assert torch.equal(packed_linear(x, weight), F.linear(x, weight))
+        assert torch.equal(packed_stacked_linear(x, [PackPart(weight)]), F.linear(x, weight))
 
 
-def test_what_a_bf16_pack_does_not_take_stays_with_f_linear(gen):
+def test_what_a_bf16_pack_does_not_take_is_declined(gen):
     weight, other = bf16_weight(48, 32, gen), bf16_weight(16, 32, gen)
     before = packed_weight_bytes()
     with torch.no_grad():
         few = torch.randn(MIN_PACKED_ROWS - 1, 32, generator=gen).bfloat16()
-        assert torch.equal(packed_linear(few, weight), F.linear(few, weight))
+        assert packed_stacked_linear(few, [PackPart(weight)]) is None
         x = torch.randn(8, 32, generator=gen).bfloat16()
         assert packed_stacked_linear(x.float(), [PackPart(weight)]) is None  # x in another dtype
         assert packed_stacked_linear(x, [PackPart(weight), PackPart(other.float())]) is None  # mixed stack
@@ -139,7 +136,7 @@ def test_the_bf16_product_is_chosen_by_name_or_environment():
     ):
         set_bf16_gemm("onednn")
     env = dict(os.environ, PAGEDRL_BF16_GEMM="mkl")
-    code = "from pagedrl_kernels.cpu_gemm import get_bf16_gemm; print(get_bf16_gemm())"
+    code = "from pagedrl_kernels.cpu_gemm import set_bf16_gemm; print(set_bf16_gemm('torch'))"
     ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert ran.stdout.strip() == "mkl"
     env["PAGEDRL_BF16_GEMM"] = "blas"

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from pagedrl_kernels.cpu_gemm import get_bf16_gemm, set_bf16_gemm
+from pagedrl_kernels.cpu_gemm import set_bf16_gemm
 from rl.sync.adapter import add_lora
 from rollout_engine import SamplingParams
 from tests.helpers.rollout_tiny_models import hf_logprobs, make_engine, make_tiny_model, random_prompts
@@ -64,8 +64,7 @@ def greedy_gaps(engine, model, prompts) -> torch.Tensor:
 
 @contextlib.contextmanager
 def bf16_gemm(name: str):
-    previous = get_bf16_gemm()
-    set_bf16_gemm(name)
+    previous = set_bf16_gemm(name)
     try:
         yield
     finally:

@@ -142,8 +142,8 @@ def test_continuation_equals_prefilling_the_whole_conversation(llama):
     for group in turn1:
         for sample in group.samples:
             before = engine.stats()["num_prefill_tokens"]
-            turn2 = engine.continue_request(sample, env_tokens, GREEDY).samples[0]
             conversation = sample.prompt_token_ids + sample.token_ids + env_tokens
+            turn2 = engine.generate([conversation], GREEDY)[0].samples[0]
             # Earlier turns keep their full blocks; at most the last partial block, the last
             # sampled token and the new tokens are prefilled.
             assert engine.stats()["num_prefill_tokens"] - before <= 3 + 4

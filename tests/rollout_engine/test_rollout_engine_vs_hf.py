@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config
 
-import rollout_engine.engine as engine_module
+import rollout_engine.step_sampling as step_sampling
 from pagedrl_kernels import cpu_gemm
 from pagedrl_kernels.cpu_gemm import HAS_MKL_PACKING
 from rollout_engine import LLMEngine, SamplingParams
@@ -251,7 +251,7 @@ def test_sampling_params_at_the_edges_of_their_ranges_are_accepted():
 @pytest.mark.parametrize("error", [RuntimeError("a kernel failed"), KeyboardInterrupt()])
 def test_a_step_that_raises_leaves_the_engine_serving(llama, monkeypatch, error):
     engine = make_engine(llama)
-    real_sample, calls = engine_module.sample, []
+    real_sample, calls = step_sampling.sample, []
 
     def sample_failing_on_the_third_step(logits, batch):
         calls.append(1)
@@ -259,7 +259,7 @@ def test_a_step_that_raises_leaves_the_engine_serving(llama, monkeypatch, error)
             raise error
         return real_sample(logits, batch)
 
-    monkeypatch.setattr(engine_module, "sample", sample_failing_on_the_third_step)
+    monkeypatch.setattr(step_sampling, "sample", sample_failing_on_the_third_step)
     prompts = random_prompts([5, 9, 20], seed=9)
     with pytest.raises(type(error)):
         engine.generate(prompts, SamplingParams(n=3, max_tokens=6, seed=0, stop_token_ids=[]))
@@ -280,7 +280,7 @@ def test_a_failed_step_aborts_only_the_requests_it_was_running(llama, monkeypatc
         raise RuntimeError("a kernel failed")
 
     with monkeypatch.context() as patch:
-        patch.setattr(engine_module, "sample", failing_sample)
+        patch.setattr(step_sampling, "sample", failing_sample)
         with pytest.raises(RuntimeError, match="a kernel failed"):
             engine.step()
     finished = []
