@@ -1,16 +1,14 @@
-"""Environments: the Env protocol and its base (the optional features' defaults), reward combination, the
-registry, and the built-in SQL environments."""
+"""Environments: the env contract (``BaseEnv``, which holds the optional features' defaults), reward
+combination, the registry, safe stepping, and the built-in SQL environments."""
 
 from envs.base import (
     BaseEnv,
-    Env,
     EnvError,
     Episode,
     PlayedEpisode,
     ScoreWords,
     StepResult,
     start_episodes,
-    with_defaults,
 )
 from envs.registry import (
     BUILTIN_ENVS,
@@ -28,7 +26,6 @@ __all__ = [
     "BaseEnv",
     "DEFAULT_STEP_TIMEOUT_S",
     "ENTRY_POINT_GROUP",
-    "Env",
     "EnvError",
     "Episode",
     "PlayedEpisode",
@@ -43,5 +40,4 @@ __all__ = [
     "plugin_env_config",
     "start_episodes",
     "step_episodes",
-    "with_defaults",
 ]

@@ -1,14 +1,14 @@
-"""The environment protocol: an Env starts Episodes from task rows, and an Episode answers each action.
+"""The env contract (``BaseEnv``): an env starts Episodes from task rows; an Episode answers each action.
 
 An episode's ``messages`` are the first chat turns. The model's reply goes to ``step(action_text)``; the
 returned ``StepResult.observation`` (text, or None) is environment-written: the training loop appends its
 tokens to the sample masked out of the loss. ``envs.stepping.step_episodes`` steps many episodes at once,
 each under a time limit, and turns an exception, a hang or a reward that is not a finite number inside a
-plugin's ``step`` into reward 0 plus an error in ``info``, never a crash.
+plugin's ``step`` into reward 0 with ``StepResult.error`` set, never a crash.
 
-An env is either a ``BaseEnv`` subclass, which overrides the optional features it has, or any object that
-meets the ``Env`` protocol and declares them as attributes of the same names; ``with_defaults`` gives the
-latter ``BaseEnv``'s defaults for what it leaves out, so the rest of the code reads one interface.
+Every env, built-in or plugin, subclasses ``BaseEnv``: it sets ``max_turns``, defines ``start``, and
+overrides the optional features it has; ``BaseEnv``'s defaults stand for the rest, so an env is used as it
+was built.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ class StepResult:
     """What an environment returns for one action.
 
     ``reward`` is the weighted total; ``rewards`` holds each named component unweighted, for logging. Both
-    must be finite numbers: anything else fails the episode (see ``envs.stepping``).
+    must be finite numbers: anything else fails the episode (see ``envs.stepping``). ``error`` says why a
+    plugin's step failed (it raised, ran past its time limit, or returned a bad result) and ``timed_out``
+    whether it ran past that limit: ``envs.stepping`` sets both on the zero-reward result that stands for a
+    failed step, and a step that ran has neither.
     """
 
     observation: str | None
@@ -34,13 +37,16 @@ class StepResult:
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
     rewards: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    timed_out: bool = False
 
 
 @runtime_checkable
 class Episode(Protocol):
     """One play-through of one task. An episode may also carry a ``constraint``: an object whose
     ``accepts(text, start)`` the engine asks about each token of the first reply, sampling again without
-    the tokens it refuses (``rollout_engine.constraints``; the SQL envs use ``envs.sql.names``)."""
+    the tokens it refuses (``rollout_engine.constraints``; the SQL envs use
+    ``envs.sql.schema_constraint``)."""
 
     messages: list[Message]
     max_turns: int
@@ -57,17 +63,6 @@ class PlayedEpisode(Protocol):
     info: dict[str, Any]
 
 
-@runtime_checkable
-class Env(Protocol):
-    """What a plugin must be: built once from flat keyword arguments; ``start`` turns a task row into an
-    episode. Its optional features are ``BaseEnv``'s; a plugin that does not subclass it may declare any of
-    them under the same names."""
-
-    max_turns: int
-
-    def start(self, task: Mapping[str, Any]) -> Episode: ...
-
-
 @dataclass(frozen=True, slots=True)
 class ScoreWords:
     """How reports name an env's held-out score: ``success`` is the share of tasks solved ("execution
@@ -78,8 +73,9 @@ class ScoreWords:
 
 
 class BaseEnv(ABC):
-    """An env with every optional feature at its default; a subclass sets ``max_turns``, defines ``start``,
-    and overrides the features it has.
+    """What every env is, built-in or plugin: built once from flat keyword arguments, it sets ``max_turns``
+    (the most turns an episode takes) and defines ``start``, which turns a task row into an episode. Every
+    optional feature has its default here; a subclass overrides the features it has.
 
     ``stop``: strings that end a turn's generation (e.g. a closing tag), so the environment answers as soon
     as an action is complete. ``response_prefix``: text that opens the model's first reply (e.g.
@@ -118,61 +114,13 @@ class BaseEnv(ABC):
         return None
 
 
-class PluginEnv(BaseEnv):
-    """A plugin that meets the ``Env`` protocol alone, seen as a ``BaseEnv``: the optional features it
-    declares are read here, once, and ``BaseEnv``'s defaults stand for the rest."""
-
-    def __init__(self, plugin: Env) -> None:
-        self.plugin = plugin
-        self.stop = tuple(getattr(plugin, "stop", BaseEnv.stop))
-        self.response_prefix = getattr(plugin, "response_prefix", BaseEnv.response_prefix)
-        words = getattr(plugin, "score_words", None)
-        self.score_words = words if isinstance(words, ScoreWords) else BaseEnv.score_words
-        self._demonstration = getattr(plugin, "demonstration", None)
-        self._check_task = getattr(plugin, "check_task", None)
-        self._is_success = getattr(plugin, "is_success", None)
-        self._failure = getattr(plugin, "failure", None)
-
-    @property
-    def max_turns(self) -> int:
-        return self.plugin.max_turns
-
-    def start(self, task: Mapping[str, Any]) -> Episode:
-        return self.plugin.start(task)
-
-    def demonstration(self, task: Mapping[str, Any]) -> str | None:
-        if self._demonstration is None:
-            return super().demonstration(task)
-        return self._demonstration(task)
-
-    def check_task(self, task: Mapping[str, Any]) -> None:
-        if self._check_task is not None:
-            self._check_task(task)
-
-    def is_success(self, episode: PlayedEpisode) -> bool:
-        if self._is_success is None:
-            return super().is_success(episode)
-        return bool(self._is_success(episode))
-
-    def failure(self, episode: PlayedEpisode) -> str | None:
-        if self._failure is None:
-            return super().failure(episode)
-        kind = self._failure(episode)
-        return None if kind is None else str(kind)
-
-
-def with_defaults(env: Env) -> BaseEnv:
-    """``env`` as a ``BaseEnv``: itself when it is one, else its ``PluginEnv``."""
-    return env if isinstance(env, BaseEnv) else PluginEnv(env)
-
-
 def plugin_name(obj: object) -> str:
-    """The dotted name of the class behind an env or episode, used in error messages."""
-    cls = type(obj.plugin if isinstance(obj, PluginEnv) else obj)
+    """The dotted name of the class of an env or episode, used in error messages."""
+    cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def start_episodes(env: Env, tasks: Sequence[Mapping[str, Any]]) -> list[Episode]:
+def start_episodes(env: BaseEnv, tasks: Sequence[Mapping[str, Any]]) -> list[Episode]:
     """Start one episode per task row; a failure names the plugin and the row."""
     episodes = []
     for index, task in enumerate(tasks):

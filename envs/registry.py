@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from envs.base import BaseEnv, Env, EnvError, plugin_name, with_defaults
+from envs.base import BaseEnv, EnvError, plugin_name
 
 ENTRY_POINT_GROUP = "pagedrl.envs"
 PLUGIN_CONFIG_DIR = "conf"  # inside a plugin's top-level package
@@ -95,8 +95,8 @@ def _resolve(name: str) -> tuple[str, Callable[..., Any]]:
 
 
 def make_env(spec: str | Mapping[str, Any], **kwargs: Any) -> BaseEnv:
-    """Build an env from a name, a dotted path, or a mapping with ``name``/``_target_`` and flat kwargs; a
-    plugin that is no ``BaseEnv`` comes back with its defaults (``with_defaults``)."""
+    """Build an env from a name, a dotted path, or a mapping with ``name``/``_target_`` and flat kwargs. What
+    the plugin builds must be a ``BaseEnv`` with its ``max_turns`` set, and comes back as it was built."""
     if isinstance(spec, Mapping):
         kwargs = {**{k: v for k, v in spec.items() if k not in ("name", "_target_")}, **kwargs}
         name = spec.get("_target_") or spec.get("name")
@@ -112,9 +112,14 @@ def make_env(spec: str | Mapping[str, Any], **kwargs: Any) -> BaseEnv:
             f"env plugin {name!r} ({target}) failed to construct with arguments {sorted(kwargs)}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-    if not isinstance(env, Env):
+    if not isinstance(env, BaseEnv):
         raise EnvError(
-            f"env plugin {name!r} ({target}) built {plugin_name(env)}, which is not an Env: it needs a "
-            "'max_turns' attribute and a 'start(task)' method"
+            f"env plugin {name!r} ({target}) built {plugin_name(env)}, which is not an envs.BaseEnv: an env "
+            "subclasses envs.BaseEnv, sets 'max_turns' and defines 'start(task)'"
         )
-    return with_defaults(env)
+    if not hasattr(env, "max_turns"):
+        raise EnvError(
+            f"env plugin {name!r} ({target}) built {plugin_name(env)}, which has no 'max_turns': set it on "
+            "the class or in __init__ (the most turns an episode takes)"
+        )
+    return env

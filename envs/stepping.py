@@ -1,9 +1,9 @@
 """Stepping episodes safely: a plugin that raises, hangs or returns a bad reward fails only its own episode.
 
 ``step_episodes`` runs each episode's ``step`` in a worker thread under a time limit and checks what comes
-back. A failed step becomes ``StepResult(None, 0.0, done=True)`` with ``info["error"]`` and
-``info["plugin"]`` (and ``info["timeout"]`` when it ran out of time), plus one warning that names the plugin
-and the task; the run goes on. A reward must be a finite number, and so must every ``rewards`` component.
+back. A failed step becomes ``StepResult(None, 0.0, done=True)`` with its ``error`` set (and ``timed_out``
+when it ran out of time), plus one warning that names the plugin and the task; the run goes on. A reward
+must be a finite number, and so must every ``rewards`` component.
 
 A hung thread cannot be killed in Python, so the workers are daemon threads: a step past its deadline is
 abandoned to its thread, a fresh worker takes that thread's place, and neither Ctrl-C nor the interpreter's
@@ -99,13 +99,11 @@ def _finite(value: object, what: str) -> float:
 
 
 def _failed(episode: Episode, what: str, error: str, timed_out: bool = False) -> StepResult:
-    name = plugin_name(episode)
     where = f" ({hint})" if (hint := task_hint(episode)) else ""
-    logger.warning("env plugin %s %s: %s%s; the episode ends with reward 0", name, what, error, where)
-    info: dict[str, object] = {"error": error, "plugin": name}
-    if timed_out:
-        info["timeout"] = True
-    return StepResult(None, 0.0, True, info=info)
+    logger.warning(
+        "env plugin %s %s: %s%s; the episode ends with reward 0", plugin_name(episode), what, error, where
+    )
+    return StepResult(None, 0.0, True, error=error, timed_out=timed_out)
 
 
 @dataclass(slots=True, eq=False)

@@ -9,7 +9,7 @@ import hydra
 from datasets import Dataset, DatasetDict
 from hydra.errors import InstantiationException
 
-from envs.base import Env, EnvError, with_defaults
+from envs.base import BaseEnv, EnvError
 
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
@@ -30,7 +30,7 @@ def call_task_source(spec: Mapping[str, Any]) -> Any:
         raise
 
 
-def task_splits(tasks: Any, env: Env, source: str, seed: int) -> DatasetDict:
+def task_splits(tasks: Any, env: BaseEnv, source: str, seed: int) -> DatasetDict:
     """The train and test splits of what the task source ``source`` returned.
 
     A ``DatasetDict`` (or mapping) with ``train`` and ``test`` Datasets is used as it is; one ``Dataset`` is
@@ -55,11 +55,10 @@ def task_splits(tasks: Any, env: Env, source: str, seed: int) -> DatasetDict:
     return DatasetDict({split: tasks[split] for split in SPLITS})
 
 
-def _check_rows(rows: Dataset, env: Env, where: str) -> None:
-    check = with_defaults(env).check_task
+def _check_rows(rows: Dataset, env: BaseEnv, where: str) -> None:
     for index, row in enumerate(rows):
         try:
-            check(row)
+            env.check_task(row)
         except ValueError as exc:
             raise EnvError(f"task {where.format(index)}: {exc}") from None
 

@@ -1,4 +1,6 @@
-"""SQL environments: sandboxed SQLite execution, execution match, prompts, and single- and multi-turn envs.
+"""SQL environments: sandboxed SQLite execution (``sandbox``), execution match (``match``), grading and its
+reward components (``grading``), what the envs share (``execution_env``), prompts, the schema constraint on
+replies (``schema_constraint``), and the single- and multi-turn envs.
 
 Task sources live in ``envs.sql.generator`` (built-in tasks) and ``envs.sql.loaders`` (Spider and BIRD).
 """

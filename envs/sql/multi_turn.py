@@ -12,10 +12,11 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import ExecutionMatchEnv, check_reward_args, grade_completion, sql_rewards
-from envs.sql.names import SQL_TAGS, SchemaNames, schema_names
+from envs.sql.execution_env import ExecutionMatchEnv
+from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import check_schema_style, format_result, task_messages
 from envs.sql.sandbox import execute
+from envs.sql.schema_constraint import SQL_TAGS, SchemaNames, schema_names
 
 MULTI_TURN_INSTRUCTIONS = (
     "You are an expert SQLite assistant. Answer the question about the database below. You may explore it "
@@ -56,7 +57,7 @@ class SqlMultiTurnEpisode:
 
     @property
     def constraint(self) -> SchemaNames | None:
-        """The engine's constraint on the queries of the next reply (`envs.sql.names`)."""
+        """The engine's constraint on the queries of the next reply (`envs.sql.schema_constraint`)."""
         if self._constraints is None:
             return None
         return self._constraints[min(self.num_turns, 1)]
@@ -92,7 +93,7 @@ class SqlMultiTurnEnv(ExecutionMatchEnv):
     """Multi-turn text-to-SQL in the style of SkyRL-SQL.
 
     ``constrain_names``: the engine keeps the queries of every reply (in <sql> and <answer>) to the tables and
-    columns of the task's database (``envs.sql.names.SchemaNames``)."""
+    columns of the task's database (``envs.sql.schema_constraint.SchemaNames``)."""
 
     stop = ("</sql>", "</answer>")  # a turn ends where the env takes over
 

@@ -7,9 +7,10 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
-from envs.sql.grading import ExecutionMatchEnv, check_reward_args, grade_completion, sql_rewards
-from envs.sql.names import SchemaNames, schema_names
+from envs.sql.execution_env import ExecutionMatchEnv
+from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, check_schema_style, task_messages
+from envs.sql.schema_constraint import SchemaNames, schema_names
 
 
 class SqlEpisode:
@@ -46,8 +47,9 @@ class SqlEpisode:
 class SqlEnv(ExecutionMatchEnv):
     """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``).
 
-    ``constrain_names``: each episode carries the engine a constraint (``envs.sql.names.SchemaNames``) that
-    keeps its reply to the tables and columns of its database, where each is used."""
+    ``constrain_names``: each episode carries the engine a constraint
+    (``envs.sql.schema_constraint.SchemaNames``) that keeps its reply to the tables and columns of its
+    database, where each is used."""
 
     max_turns = 1
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs import BaseEnv, Env, with_defaults
+from envs import BaseEnv
 from rl.eval.outcomes import TaskOutcome, outcome_of
 from rl.rollout.play import Trajectory, play_groups, succeeded
 
@@ -83,7 +83,7 @@ def failure_of(env: BaseEnv, trajectory: Trajectory) -> str | None:
 def play_eval(
     engine: Any,
     tokenizer: Any,
-    env: Env,
+    env: BaseEnv,
     tasks: Sequence[dict[str, Any]],
     greedy_params: Any,
     step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
@@ -99,7 +99,6 @@ def play_eval(
     next step. `on_done(n)` hears of tasks as their episodes end, n at a time."""
     if not tasks:  # more ranks than held-out tasks: this rank's shard is empty
         return []
-    env = with_defaults(env)
     episodes = start_fn(env, tasks)
     trajectories = play_groups(
         engine,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs import Env, with_defaults
+from envs import BaseEnv
 from rl.eval.evaluate import EvalResult
 from rl.eval.outcomes import outcome_path, task_key
 from rl.rollout.play import play_groups, succeeded
@@ -62,7 +62,7 @@ def passk_path(run_dir: str | os.PathLike, set_name: str, stage: str, step: int)
 def play_samples(
     engine: Any,
     tokenizer: Any,
-    env: Env,
+    env: BaseEnv,
     tasks: Sequence[dict[str, Any]],
     params: Any,
     step_fn: Callable[[Sequence[Any], Sequence[str]], list[Any]],
@@ -76,7 +76,6 @@ def play_samples(
     tasks as their samples are all played, n at a time."""
     if not tasks:
         return []
-    env = with_defaults(env)
     groups = [start_fn(env, [task] * params.n) for task in tasks]
     played = play_groups(
         engine,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from envs.base import Env, plugin_name, with_defaults
+from envs.base import BaseEnv, plugin_name
 from rl.algo.batch import RolloutBatch, collate_rollouts
 from rl.rollout.prompts import prompt_token_ids
 from rl.seeding import derive_seed
@@ -42,10 +42,9 @@ def demonstration_ids(text: str | None, response_prefix: str, tokenizer: Any) ->
 
 
 def demonstrations(
-    env: Env, tasks: Sequence[Mapping[str, Any]], tokenizer: Any, group_by: str | None = None
+    env: BaseEnv, tasks: Sequence[Mapping[str, Any]], tokenizer: Any, group_by: str | None = None
 ) -> list[Demonstration]:
     """One demonstration per task that has one; the env's response prefix ends the prompt, as in rollouts."""
-    env = with_defaults(env)
     offered = [(task, env.demonstration(task)) for task in tasks]
     if all(text is None for _, text in offered):
         raise ConfigError(

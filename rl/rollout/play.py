@@ -66,7 +66,8 @@ def play_groups(
     (truncated). `response_prefix` (an env's declared start of every first reply) ends each prompt, so it
     is never trained on, and is put back in front of the first action the environment sees. `on_done(n)`
     hears of the groups as they end, n at a time (`GroupCountdown`), for a caller's progress bar. An episode's
-    `constraint` (optional, e.g. `envs.sql.names.SchemaNames`) vetoes tokens of its replies in the engine.
+    `constraint` (optional, e.g. `envs.sql.schema_constraint.SchemaNames`) vetoes tokens of its replies in
+    the engine.
     """
     prompts = [prompt_token_ids(tokenizer, group[0].messages, response_prefix) for group in groups]
     trajectories = [[Trajectory(prompt_ids=list(p)) for _ in g] for p, g in zip(prompts, groups, strict=True)]
@@ -146,9 +147,7 @@ def record_step(traj: Trajectory, step: Any, tokenizer: Any, max_completion_toke
     for name, value in step.rewards.items():
         traj.rewards[name] = traj.rewards.get(name, 0.0) + value
     traj.info = step.info
-    if "error" in step.info and step.info.get("plugin"):
-        traj.error = str(step.info["error"])
-        traj.timed_out = bool(step.info.get("timeout"))
+    traj.error, traj.timed_out = step.error, step.timed_out
     traj.done = step.done
     if not step.done and step.observation:
         traj.append(tokenizer.encode(step.observation, add_special_tokens=False), None)

@@ -1,12 +1,13 @@
-"""An env's optional features: BaseEnv's defaults, a duck-typed plugin's own features read by name, and
-success as each env says (the SQL envs: an execution match, whatever the reward)."""
+"""The env contract: BaseEnv's defaults for the optional features, a plugin's own overrides, the one error
+for a plugin that is no BaseEnv, and success as each env says (the SQL envs: an execution match, whatever
+the reward)."""
 
 import sys
 import types
 
 import pytest
 
-from envs import BaseEnv, ScoreWords, StepResult, make_env, start_episodes, with_defaults
+from envs import BaseEnv, EnvError, ScoreWords, StepResult, make_env, start_episodes
 from envs.sql import SqlEnv, SqlMultiTurnEnv
 from rl.rollout.play import Trajectory, succeeded
 
@@ -23,8 +24,8 @@ class EchoEpisode:
         return StepResult(None, 0.3, True)
 
 
-class ProtocolOnly:
-    """A plugin with the protocol alone: max_turns and start."""
+class Minimal(BaseEnv):
+    """A plugin with the contract alone: max_turns and start."""
 
     max_turns = 2
 
@@ -32,11 +33,11 @@ class ProtocolOnly:
         return EchoEpisode(task)
 
 
-class Declares:
-    """A plugin that declares every optional feature by name, without subclassing BaseEnv."""
+class Declares(BaseEnv):
+    """A plugin that overrides optional features of its own."""
 
     max_turns = 1
-    stop = ["</answer>"]
+    stop = ("</answer>",)
     response_prefix = "<answer>"
     score_words = ScoreWords(success="answer accuracy", tasks="questions")
 
@@ -54,8 +55,27 @@ class Declares:
         return episode.rewards.get("right") == 1.0
 
 
+class DuckTyped:
+    """A plugin with max_turns and start that does not subclass BaseEnv."""
+
+    max_turns = 1
+
+    def start(self, task):
+        return EchoEpisode(task)
+
+
+class NoMaxTurns(BaseEnv):
+    def start(self, task):
+        return EchoEpisode(task)
+
+
+class NoStart(BaseEnv):
+    max_turns = 1
+
+
 PLUGINS = types.ModuleType("env_base_plugins")  # importable by dotted path, as a user's package would be
-PLUGINS.ProtocolOnly, PLUGINS.Declares = ProtocolOnly, Declares
+PLUGINS.Minimal, PLUGINS.Declares, PLUGINS.DuckTyped = Minimal, Declares, DuckTyped
+PLUGINS.NoMaxTurns, PLUGINS.NoStart = NoMaxTurns, NoStart
 sys.modules[PLUGINS.__name__] = PLUGINS
 
 
@@ -63,9 +83,9 @@ def played(reward, **rewards):
     return Trajectory(prompt_ids=[1], reward=reward, rewards=rewards)
 
 
-def test_a_plugin_with_the_protocol_alone_gets_every_default():
-    env = make_env("env_base_plugins.ProtocolOnly")
-    assert isinstance(env, BaseEnv) and env.max_turns == 2
+def test_a_plugin_with_the_contract_alone_gets_every_default():
+    env = make_env("env_base_plugins.Minimal")
+    assert type(env) is Minimal and env.max_turns == 2
     assert (env.stop, env.response_prefix, env.score_words) == ((), "", ScoreWords("success rate", "tasks"))
     assert env.demonstration(TASK) is None
     assert env.check_task({}) is None  # every row is playable
@@ -74,8 +94,9 @@ def test_a_plugin_with_the_protocol_alone_gets_every_default():
     assert isinstance(episode, EchoEpisode)
 
 
-def test_a_plugin_declares_its_features_by_name_without_subclassing():
+def test_a_plugin_overrides_the_features_it_has_and_is_used_as_it_was_built():
     env = make_env("env_base_plugins.Declares")
+    assert type(env) is Declares
     assert (env.stop, env.response_prefix) == (("</answer>",), "<answer>")
     assert env.score_words.success == "answer accuracy"
     assert env.demonstration(TASK) == "<answer>4</answer>"
@@ -85,25 +106,26 @@ def test_a_plugin_declares_its_features_by_name_without_subclassing():
     assert env.is_success(played(0.3, right=1.0)) and not env.is_success(played(0.9, right=0.0))
 
 
-def test_a_subclass_is_used_as_it_is_and_overrides_what_it_has():
-    class Subclass(BaseEnv):
-        max_turns = 1
-        stop = ("\n",)
+def test_a_plugin_that_is_no_base_env_is_refused_with_what_it_must_be():
+    message = (
+        r"built \S+\.DuckTyped, which is not an envs.BaseEnv: "
+        r"an env subclasses envs.BaseEnv, sets 'max_turns' and defines 'start\(task\)'"
+    )
+    with pytest.raises(EnvError, match=message):
+        make_env("env_base_plugins.DuckTyped")
 
-        def start(self, task):
-            return EchoEpisode(task)
 
-    env = Subclass()
-    assert with_defaults(env) is env
-    assert (env.stop, env.response_prefix, env.demonstration(TASK)) == (("\n",), "", None)
+def test_a_plugin_without_max_turns_is_refused_naming_it():
+    with pytest.raises(EnvError, match=r"built \S+\.NoMaxTurns, which has no 'max_turns'"):
+        make_env("env_base_plugins.NoMaxTurns")
 
 
 def test_a_subclass_without_start_is_refused_when_built():
-    class NoStart(BaseEnv):
-        max_turns = 1
-
-    with pytest.raises(TypeError, match="abstract method 'start'|abstract methods? start"):
+    no_start = "abstract method 'start'|abstract methods? start"
+    with pytest.raises(TypeError, match=no_start):
         NoStart()
+    with pytest.raises(EnvError, match=rf"NoStart' .*failed to construct.*({no_start})"):
+        make_env("env_base_plugins.NoStart")
 
 
 @pytest.mark.parametrize("env", [SqlEnv(partial_weight=0.5), SqlMultiTurnEnv(partial_weight=0.5)])

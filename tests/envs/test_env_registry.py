@@ -18,7 +18,7 @@ from envs import (
 from envs.sql import SqlEnv, SqlMultiTurnEnv
 
 PLUGIN_SOURCE = """
-from envs import StepResult
+from envs import BaseEnv, StepResult
 
 class Exploding:
     def __init__(self, **kwargs):
@@ -35,7 +35,7 @@ class FlakyEpisode:
             raise ZeroDivisionError("flaky step")
         return StepResult(None, 1.0, True)
 
-class FlakyEnv:
+class FlakyEnv(BaseEnv):
     max_turns = 1
     def start(self, task):
         if task.get("bad"):
@@ -80,7 +80,7 @@ def test_broken_plugins_are_named(plugin_module):
         EnvError, match=r"'local_plugins.Exploding'.*failed to construct.*boom in constructor"
     ):
         make_env("local_plugins.Exploding", level=3)
-    with pytest.raises(EnvError, match=r"local_plugins.NotAnEnv.*not an Env"):
+    with pytest.raises(EnvError, match=r"local_plugins.NotAnEnv, which is not an envs.BaseEnv"):
         make_env("local_plugins.NotAnEnv")
     with pytest.raises(EnvError, match="max_turns"):
         make_env("sql_multiturn", max_turns=0)
@@ -92,7 +92,8 @@ def test_exception_in_step_becomes_zero_reward(plugin_module, caplog):
     with caplog.at_level(logging.WARNING, logger="envs.stepping"):
         results = step_episodes(episodes, ["fine", "crash", "fine"])
     assert [r.reward for r in results] == [1.0, 0.0, 1.0]
-    assert results[1].done and results[1].info["error"] == "ZeroDivisionError: flaky step"
+    assert results[1].done and results[1].error == "ZeroDivisionError: flaky step"
+    assert (results[1].info, results[1].timed_out, results[0].error) == ({}, False, None)
     assert "local_plugins.FlakyEpisode raised in step(): ZeroDivisionError: flaky step" in caplog.text
     with pytest.raises(EnvError, match=r"local_plugins.FlakyEnv failed to start .* task row 1: KeyError"):
         start_episodes(env, [{}, {"bad": True}])

@@ -69,15 +69,16 @@ def test_a_hung_step_fails_its_episode_with_a_warning_and_the_others_go_on(caplo
         results = step_episodes(episodes, ["a", "b", "c"], timeout_s=0.3)
     assert [r.reward for r in results] == [0.5, 0.0, 0.25]
     hung = results[1]
-    assert hung.done and hung.info["timeout"] is True and hung.info["plugin"].endswith("HangingEpisode")
-    assert hung.info["error"] == "timed out after 0.3s (env.step_timeout_s)"
+    assert hung.done and hung.timed_out is True and hung.info == {}
+    assert hung.error == "timed out after 0.3s (env.step_timeout_s)"
+    assert (results[0].error, results[0].timed_out) == (None, False)
     assert "HangingEpisode did not return from step()" in caplog.text
     assert "(task 'What is 6 times 7?')" in caplog.text
 
 
 def test_more_hung_steps_than_workers_never_block_the_pool():
     hung = step_episodes([HangingEpisode() for _ in range(NUM_WORKERS + 2)], ["x"] * (NUM_WORKERS + 2), 0.2)
-    assert all(r.info.get("timeout") for r in hung)
+    assert all(r.timed_out for r in hung)
     # every worker that was stuck has been replaced: fresh steps still run
     fine = step_episodes([FixedEpisode(float(i)) for i in range(2 * NUM_WORKERS)], ["y"] * 2 * NUM_WORKERS)
     assert [r.reward for r in fine] == [float(i) for i in range(2 * NUM_WORKERS)]
@@ -91,7 +92,7 @@ def test_a_plugin_whose_steps_all_hang_stops_the_run_with_one_message(monkeypatc
 
 def test_a_single_episode_is_under_the_time_limit_too():
     (result,) = step_episodes([HangingEpisode()], ["x"], timeout_s=0.2)
-    assert result.info["timeout"] is True
+    assert result.timed_out is True
 
 
 @pytest.mark.parametrize(
@@ -110,7 +111,7 @@ def test_a_reward_that_is_not_a_finite_number_fails_the_episode(reward, rewards,
     with caplog.at_level(logging.WARNING, logger="envs.stepping"):
         bad, good = step_episodes([FixedEpisode(reward, rewards), FixedEpisode(1)], ["a", "b"])
     assert (bad.reward, bad.rewards, bad.done) == (0.0, {}, True)
-    assert bad.info["error"].startswith(message) and bad.info["plugin"].endswith("FixedEpisode")
+    assert bad.error.startswith(message) and not bad.timed_out
     assert "FixedEpisode returned a bad result from step()" in caplog.text and message in caplog.text
     assert "(task 'Add 2 and 3.')" in caplog.text
     assert good.reward == 1.0 and type(good.reward) is float
@@ -126,6 +127,13 @@ def test_failures_are_counted_and_never_succeed():
     metrics = reward_metrics([trajectories], rewards=torch.tensor([[0.0, 0.0, 1.0]]))
     assert (metrics["env/errors"], metrics["env/timeouts"]) == (2.0, 1.0)
     assert [succeeded(FixedEnv(), t) for t in trajectories] == [False, False, True]
+    assert [t.error for t in trajectories] == [r.error for r in results] and trajectories[2].error is None
+
+
+def test_an_error_the_env_reports_in_info_is_no_failed_step():
+    traj = Trajectory(prompt_ids=[1])
+    record_step(traj, StepResult(None, -0.1, True, info={"error": "no such column: x"}), None, 10)
+    assert (traj.error, traj.timed_out, traj.info["error"]) == (None, False, "no such column: x")
 
 
 @pytest.mark.parametrize("value", [math.inf, math.nan])
@@ -157,7 +165,7 @@ HUNG_SCRIPT = textwrap.dedent(
     # The kernel may hand SIGINT to any thread; here it always picks a worker, the case that used to hang.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     results = step_episodes([Hang(), Hang()], ["a", "b"], timeout_s=timeout)
-    print("DONE", [r.info.get("timeout") for r in results], flush=True)
+    print("DONE", [r.timed_out for r in results], flush=True)
     """
 )
 

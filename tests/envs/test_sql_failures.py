@@ -3,9 +3,9 @@ on the staff database, played through env=sql and env=sql_multiturn."""
 
 import pytest
 
-from envs import with_defaults
+from envs import BaseEnv
 from envs.sql import SqlEnv, SqlMultiTurnEnv
-from envs.sql.grading import sql_failure
+from envs.sql.execution_env import sql_failure
 from rl.rollout.play import Trajectory
 
 GOLD = "SELECT name FROM emp WHERE dept = 'Research'"
@@ -67,24 +67,24 @@ def test_an_episode_cut_before_any_graded_answer_is_no_answer():
     assert sql_failure({"sql": "SELECT 1", "ok": True}) == "no answer"
 
 
-class DuckEnv:
-    """A plugin that meets the protocol alone and names its failures."""
+class SilentEnv(BaseEnv):
+    """A plugin that keeps BaseEnv's failure: it names none."""
 
     max_turns = 1
 
     def start(self, task):
         raise NotImplementedError
 
+
+class LabelledEnv(SilentEnv):
+    """A plugin that names its failures."""
+
     def failure(self, episode):
-        return 7 if episode.reward < 0 else None
+        return "negative" if episode.reward < 0 else None
 
 
-def test_a_duck_typed_plugin_names_its_failures_and_others_name_none():
-    env = with_defaults(DuckEnv())
-    assert env.failure(Trajectory(prompt_ids=[], reward=-1.0)) == "7"
+def test_a_plugin_names_its_failures_and_the_default_names_none():
+    env = LabelledEnv()
+    assert env.failure(Trajectory(prompt_ids=[], reward=-1.0)) == "negative"
     assert env.failure(Trajectory(prompt_ids=[], reward=0.0)) is None
-
-    class Silent(DuckEnv):
-        failure = None
-
-    assert with_defaults(Silent()).failure(Trajectory(prompt_ids=[], reward=-1.0)) is None
+    assert SilentEnv().failure(Trajectory(prompt_ids=[], reward=-1.0)) is None

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from envs.sql.domains import DOMAINS, TEST_DOMAINS
 from envs.sql.generator import generate_sql_tasks
+from envs.sql.generator.domains import DOMAINS, TEST_DOMAINS
 
 
 def file_hashes(db_dir) -> dict[str, str]:

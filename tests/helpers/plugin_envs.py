@@ -9,7 +9,7 @@ import types
 
 from datasets import Dataset, DatasetDict
 
-from envs import StepResult
+from envs import BaseEnv, StepResult
 
 
 def plugin_module(name: str, *members) -> types.ModuleType:
@@ -22,7 +22,7 @@ def plugin_module(name: str, *members) -> types.ModuleType:
     return module
 
 
-class VowelEnv:
+class VowelEnv(BaseEnv):
     """A plugin env whose reward (the share of vowels in the answer) varies even for a random model, so
     group-relative advantages are nonzero and the adapter must learn."""
 
@@ -57,12 +57,11 @@ VOWELS = [
 FAMILIES, DATABASES = ("filter", "join"), ("pets", "concert", "shop")
 
 
-class ParityEnv:
+class ParityEnv(BaseEnv):
     """A plugin env whose success is a parity of the question and the reply, so it splits the tasks roughly
     in half even for a tiny random model that writes the same reply to every prompt, and accuracies computed
     two ways can disagree; its reward adds a bonus for length, so success is its own `is_success` (the
-    `won` component), declared without subclassing envs.BaseEnv. It also demonstrates, so the warm start
-    runs."""
+    `won` component). It also demonstrates, so the warm start runs."""
 
     max_turns = 1
 

@@ -5,14 +5,14 @@ import sys
 
 import pytest
 
-from envs import StepResult, start_episodes, step_episodes
+from envs import BaseEnv, StepResult, start_episodes, step_episodes
 from rl.eval.evaluate import play_eval
 from rl.job.model_loading import load_model
 from rl.rollout.play import play_groups
 from rollout_engine import LLMEngine, SamplingParams
 
 
-class EchoEnv:
+class EchoEnv(BaseEnv):
     max_turns = 1
 
     def start(self, task):

@@ -4,7 +4,6 @@ the env and with the trainer's logprobs at the sampling temperature; other group
 import pytest
 import torch
 
-from envs.base import with_defaults
 from envs.sql.generator import generate_sql_tasks
 from envs.sql.single_turn import SqlEnv
 from rl.job.guidance import guide_failed_groups
@@ -44,7 +43,7 @@ def played(env, tokenizer, task, replies):
 
 def test_failed_groups_learn_the_demonstration_and_solved_ones_stay(tasks, tiny):
     model, tokenizer = tiny
-    env = with_defaults(SqlEnv(response_prefix=PREFIX, partial_weight=0.0))
+    env = SqlEnv(response_prefix=PREFIX, partial_weight=0.0)
     # its demonstration does not start with the response prefix, so no reply can continue into it
     lower = {**tasks[2], "gold_sql": "select" + tasks[2]["gold_sql"][len("SELECT") :]}
     solved_reply = tasks[1]["gold_sql"][len("SELECT") :] + "\n```"

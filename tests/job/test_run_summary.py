@@ -5,7 +5,7 @@ import json
 import pytest
 
 from envs import ScoreWords
-from envs.sql.grading import SQL_SCORE_WORDS
+from envs.sql.execution_env import SQL_SCORE_WORDS
 from rl.eval.evaluate import EvalResult, wilson_interval
 from rl.report.metrics import StepTimer
 from rl.report.summary import EvalPoint, run_summary, summary_text, write_summary

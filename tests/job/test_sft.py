@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from envs import BaseEnv
 from envs.sql.generator import generate_sql_tasks
 from envs.sql.grading import grade_completion
 from envs.sql.multi_turn import SqlMultiTurnEnv
@@ -60,8 +61,11 @@ def test_a_demonstration_is_the_rollout_prompt_then_the_rest_of_the_gold_reply(s
 
 
 def test_an_env_without_demonstrations_is_refused_with_the_fix(sql_tasks, tiny):
-    class NoDemos:
+    class NoDemos(BaseEnv):
         max_turns = 1
+
+        def start(self, task):
+            raise AssertionError("an env without demonstrations starts no episode")
 
     with pytest.raises(ValueError, match="no demonstration\\(task\\) method.*sft.steps=0"):
         demonstrations(NoDemos(), sql_tasks, tiny[1])

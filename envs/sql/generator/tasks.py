@@ -1,8 +1,8 @@
-"""The built-in text-to-SQL task generator: seeded databases, query families, a schema-disjoint split.
+"""The generated task set: each family's quota of tasks per database, and the schema-disjoint split.
 
-Every domain is written ``variants`` times, each under its own naming style (``envs.sql.naming``), so the
-same content appears as ``customers.id`` in one database and ``Customer.Customer_ID`` in another. A task's
-``family`` is what its gold query shows (``envs.sql.loaders.sql_family``), the same labels real data gets.
+Every domain is written ``variants`` times, each under its own naming style (``naming``), so the same content
+appears as ``customers.id`` in one database and ``Customer.Customer_ID`` in another. A task's ``family`` is
+what its gold query shows (``envs.sql.loaders.sql_family``), the same labels real data gets.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from collections.abc import Callable, Sequence
 
 from datasets import Dataset, DatasetDict
 
-from envs.sql.datagen import TableData, domain_rows, write_database
-from envs.sql.domains import DOMAINS, TEST_DOMAINS, Domain
-from envs.sql.families import (
+from envs.sql.generator.datagen import TableData, domain_rows, write_database
+from envs.sql.generator.domains import DOMAINS, TEST_DOMAINS, Domain
+from envs.sql.generator.families import (
     Candidate,
     aggregate_family,
     filter_family,
     group_having_family,
     order_limit_family,
 )
-from envs.sql.join_families import join2_family, join3_family, nested_family, set_ops_family
+from envs.sql.generator.join_families import join2_family, join3_family, nested_family, set_ops_family
+from envs.sql.generator.naming import draw_style, styled_domain
 from envs.sql.loaders import sql_family
-from envs.sql.naming import draw_style, styled_domain
 from envs.sql.prompts import render_schema
 from envs.sql.sandbox import execute
 from host.system import cache_dir

@@ -45,7 +45,7 @@ class SchemaStyle:
 class Domain:
     db_id: str
     tables: tuple[Table, ...]
-    style: SchemaStyle = SchemaStyle()  # how its CREATE TABLE text is written (envs.sql.naming)
+    style: SchemaStyle = SchemaStyle()  # how its CREATE TABLE text is written (envs.sql.generator.naming)
 
 
 # fmt: off

@@ -11,10 +11,19 @@ import random
 from collections import Counter
 from typing import NamedTuple
 
-from envs.sql.datagen import TableData
-from envs.sql.families import AGGREGATES, Candidate, Tables, labelled, selection, unique_extreme
-from envs.sql.naming import key_column
-from envs.sql.wording import ask_count, ask_list, ask_value, condition, literal, plural, sentence, value_text
+from envs.sql.generator.datagen import TableData
+from envs.sql.generator.families import AGGREGATES, Candidate, Tables, labelled, selection, unique_extreme
+from envs.sql.generator.naming import key_column
+from envs.sql.generator.wording import (
+    ask_count,
+    ask_list,
+    ask_value,
+    condition,
+    literal,
+    plural,
+    sentence,
+    value_text,
+)
 
 
 class Edge(NamedTuple):

@@ -8,7 +8,7 @@ import random
 import sqlite3
 from dataclasses import dataclass, field
 
-from envs.sql.domains import Column, Domain, SchemaStyle, Table
+from envs.sql.generator.domains import Column, Domain, SchemaStyle, Table
 
 # Column kind -> its declared type in each dialect of ``SchemaStyle.types``.
 _SQL_TYPES = {

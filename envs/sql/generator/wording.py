@@ -8,8 +8,8 @@ import random
 import re
 from typing import NamedTuple
 
-from envs.sql.datagen import TableData
-from envs.sql.domains import Column
+from envs.sql.generator.datagen import TableData
+from envs.sql.generator.domains import Column
 
 _LIST_OPENERS = (
     "What are {x}?",

@@ -1,4 +1,5 @@
-"""envs.sql.names: the schema constraint on SQL replies, checked against what SQLite says of each query."""
+"""envs.sql.schema_constraint: the schema constraint on SQL replies, checked against what SQLite says of each
+query."""
 
 import pickle
 import sqlite3
@@ -6,7 +7,7 @@ import sqlite3
 import pytest
 
 from envs.sql.multi_turn import SqlMultiTurnEnv
-from envs.sql.names import SQL_TAGS, SchemaNames, schema_names
+from envs.sql.schema_constraint import SQL_TAGS, SchemaNames, schema_names
 from envs.sql.single_turn import SqlEnv
 
 LEAD = "```sql\nSELECT"

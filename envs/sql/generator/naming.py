@@ -13,7 +13,7 @@ import random
 import sqlite3
 from dataclasses import replace
 
-from envs.sql.domains import Column, Domain, SchemaStyle, Table
+from envs.sql.generator.domains import Column, Domain, SchemaStyle, Table
 
 CASES = ("snake", "title", "camel")
 KEYS = ("id", "entity_id")

@@ -11,9 +11,9 @@ import random
 from collections import defaultdict
 from typing import NamedTuple
 
-from envs.sql.datagen import TableData
-from envs.sql.domains import Column
-from envs.sql.wording import (
+from envs.sql.generator.datagen import TableData
+from envs.sql.generator.domains import Column
+from envs.sql.generator.wording import (
     ask_count,
     ask_list,
     ask_value,
