@@ -1,7 +1,7 @@
 """What the schema constraint costs the engine: the same GRPO groups sampled with and without it.
 
-The SQL envs attach a constraint to every episode (`envs.sql.names.SchemaNames`), and the engine checks each
-sampled token of a constrained row against it, drawing again where it is vetoed
+The SQL envs attach a constraint to every episode (`envs.sql.schema_constraint.SchemaNames`),
+and the engine checks each sampled token of a constrained row against it, drawing again where it is vetoed
 (`rollout_engine.constraints`). Both arms sample the same prompts with the same seeds at the rollout.*
 settings (n = algo.group_size), alternating, each after a prefix-cache reset so both pay the same prefill; the
 constrained arm's time inside `constrain` is measured on its own. A vetoed token changes the sample, so the

@@ -33,7 +33,7 @@ class SamplingParams:
     model, e.g. for a reference or an evaluation of the untrained model. top_logprobs=k returns, with each
     sampled token, the k most likely tokens at its position and their logprobs (0: the sampled token's alone).
     constraint: an object whose accepts(text, start) vetoes tokens (rollout_engine.constraints), e.g. the SQL
-    envs' schema names (envs.sql.names); it needs the engine's tokenizer.
+    envs' schema names (envs.sql.schema_constraint); it needs the engine's tokenizer.
     """
 
     n: int = 1
