@@ -1,11 +1,11 @@
 """What the schema constraint costs the engine: the same GRPO groups sampled with and without it.
 
-The SQL envs attach a constraint to every episode (`envs.sql.schema_constraint.SchemaNames`),
-and the engine checks each sampled token of a constrained row against it, drawing again where it is vetoed
+The SQL envs attach a constraint to every episode (`envs.sql.schema_constraint.SchemaNames`), and the engine
+asks it about each constrained row's likeliest tokens and samples among those it accepts
 (`rollout_engine.constraints`). Both arms sample the same prompts with the same seeds at the rollout.*
 settings (n = algo.group_size), alternating, each after a prefix-cache reset so both pay the same prefill; the
-constrained arm's time inside `constrain` is measured on its own. A vetoed token changes the sample, so the
-arms' completions differ and the comparison is per token generated.
+constrained arm's time in the constraint (its candidates and their checks) is measured on its own. A vetoed
+token changes the sample, so the arms' completions differ and the comparison is per token generated.
 
     python bench/constraint.py                                  # the default job's held-out tasks
     python bench/constraint.py +experiment=spider_sft env.tasks.root=/data/spider --prompts 16
@@ -36,18 +36,21 @@ from rl.job.sampling import sampling_params  # noqa: E402
 from rl.rollout.prompts import prompt_token_ids  # noqa: E402
 
 
-class TimedConstrain:
-    """`constrain` with the seconds spent in it added up."""
+class Timed:
+    """Functions with the seconds spent in them added up."""
 
-    def __init__(self, constrain) -> None:
-        self.constrain, self.seconds = constrain, 0.0
+    def __init__(self) -> None:
+        self.seconds = 0.0
 
-    def __call__(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return self.constrain(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - start
+    def wrap(self, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
 
 
 def main() -> None:
@@ -71,8 +74,9 @@ def main() -> None:
         "free": [params] * len(prompts),
         "constrained": [dataclasses.replace(params, constraint=c) for c in constraints],
     }
-    timed = TimedConstrain(step_sampling.constrain)
-    step_sampling.constrain = timed
+    timed = Timed()  # the constraint's share: its candidates' softmax and top-k, and its checks
+    step_sampling.candidates = timed.wrap(step_sampling.candidates)
+    step_sampling.constrain = timed.wrap(step_sampling.constrain)
     engine = parts.engine
     totals = {arm: {"seconds": 0.0, "tokens": 0, "constraint_seconds": 0.0} for arm in arms}
     before = engine.stats()

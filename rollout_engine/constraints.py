@@ -1,34 +1,42 @@
-"""Constrained sampling: a request's `constraint` vetoes tokens, and the row samples again without them.
+"""Constrained sampling: a request's `constraint` vetoes tokens, and the row samples among the likeliest
+tokens it accepts, a distribution the trainer recomputes exactly.
 
-vLLM's structured outputs mask the whole vocabulary with a grammar before sampling. A constraint here is any
-object with `accepts(text, start)`, judged lazily instead: the engine samples as usual, decodes the
-completion with the candidate token and asks whether that text may stand from character `start` on (the
-candidate's text; what came before was accepted already). On a veto, a sampled row draws again from its own
-generator without the vetoed tokens (MAX_RESAMPLES times, so results stay independent of batching), then, as a
-greedy row does at once, takes the likeliest of its MAX_CANDIDATES most likely tokens that the constraint
-accepts. Where none is accepted the first sample stands and the sample goes on unconstrained: a model that has
-left every path its constraint allows is better left to finish its own way than pushed into padding
-(`ConstraintStats.unmet` counts these). Cheap when the model mostly agrees with its constraint, which is the
-case it is for: one check a token, a few more where it would have gone wrong.
+vLLM's structured outputs mask the vocabulary with a compiled grammar. A constraint here is any object with
+`accepts(text, start)`: the SQL envs' schema rules depend on the aliases a query binds, which no context-free
+grammar states. So the engine asks it about a row's candidates, the likeliest tokens that together hold
+CANDIDATE_MASS of the row's probability (at most MAX_CANDIDATES of them, and inside the row's top-k / top-p),
+each decoded after the completion so far: does the text stand from character `start` on (what came before was
+accepted already)?
 
-A vetoed token's logprob is not renormalised: like top-k and top-p truncation (`sampler`), the logprob of a
-sampled token is taken under the temperature-scaled distribution before any token was removed, the policy's
-own probability, which is what the trainer recomputes.
+The candidates it accepts are the row's support S at this step, and a sampled row's token is drawn from
+q(y) = pi(y) / pi(S) on S, pi being the sampler's softmax(logits / T) (`sampler`). The token the row sampled
+unconstrained stands when it is in S, and otherwise the row draws again from q with its own generator, so
+results stay independent of batching; that is an exact rejection step, pi(y) + (1 - pi(S)) q(y) = q(y). The
+row's logprob is log q(y), and S travels with the completion (`Completion.support`), so the trainer
+renormalises over the same tokens (`rl.algo.logprobs`). The update is the gradient of the distribution that
+sampled: no mass is pushed into a vetoed name the sampler never emits, nor into the unasked tail.
+
+A row whose candidates were all vetoed has left every path its constraint allows (`ConstraintStats.unmet`):
+it keeps its unconstrained sample, with the full distribution's logprob and no support, and a sample on its
+own goes on without its constraint, better left to finish its own way than pushed into padding. A greedy row
+(evaluation, never trained) takes its likeliest candidate the constraint accepts, with the logprob of the
+unmasked distribution at T = 1, as an unconstrained greedy row has.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from rollout_engine.sampler import SamplingBatch, sample
+from rollout_engine.sampler import SamplingBatch
 from rollout_engine.sequence import Sequence
 
-MAX_RESAMPLES = 16  # a sampled row's fresh draws without its vetoed tokens, before it takes the likeliest
-MAX_CANDIDATES = 64  # the likeliest tokens a row tries, in order, before its first sample stands
+CANDIDATE_MASS = 0.99  # the share of a sampled row's probability its constraint is asked about
+MAX_CANDIDATES = 64  # the most tokens a row's constraint is asked about at one step
 
 
 class Constraint(Protocol):
@@ -39,94 +47,125 @@ class Constraint(Protocol):
 
 @dataclass(slots=True)
 class ConstraintStats:
-    """What the constraints of a run did: tokens checked, tokens vetoed, and rows where no candidate passed
-    (their first sample stood)."""
+    """What the constraints of a run did: tokens checked, tokens vetoed, rows where no candidate passed (they
+    sampled as if unconstrained), and over the sampled rows drawn from a support, their count and the sum of
+    -log pi(support): how far the distribution that sampled them is from the unconstrained policy."""
 
     checked: int = 0
     vetoed: int = 0
     unmet: int = 0
+    supported: int = 0
+    support_nats: float = 0.0
+
+
+@dataclass(slots=True)
+class ConstrainedRow:
+    """One constrained row of a step, as synced to the host: its candidates, likeliest first, with their
+    probabilities under the sampler's distribution, and the token and logprob it sampled unconstrained."""
+
+    seq: Sequence
+    rng_index: int
+    token: int
+    logprob: float
+    candidates: list[int]
+    probs: list[float]
+
+
+def candidates(logits: torch.Tensor, temperatures: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MAX_CANDIDATES likeliest tokens of each row of logits [rows, vocab] with their probabilities under
+    softmax(logits / T) (T = 1 for greedy rows), likeliest first: (probs [rows, k], ids [rows, k])."""
+    scales = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
+    probs = (logits.float() / scales[:, None]).softmax(dim=-1)
+    return probs.topk(min(MAX_CANDIDATES, logits.size(-1)), dim=-1)
 
 
 def constrain(
-    logits: torch.Tensor,
-    batch: SamplingBatch,
-    tokens: torch.Tensor,
-    logprobs: torch.Tensor,
-    sampling: list[Sequence],
-    tokenizer,
-    stats: ConstraintStats,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens and logprobs [rows] of one step with each constrained row's token replaced by one its constraint
-    accepts. The rows are the sequences' in `sampling`, `num_samples_at_next_token` each; a sample whose
-    constraint no candidate satisfied goes on without it."""
-    rows = [seq for seq in sampling for _ in range(seq.num_samples_at_next_token)]
-    tokens, logprobs = tokens.clone(), logprobs.clone()
-    for row, seq in enumerate(rows):
-        if seq.params.constraint is None:
+    batch: SamplingBatch, rows: list[ConstrainedRow], tokenizer, stats: ConstraintStats
+) -> list[tuple[int, float, tuple[int, ...]]]:
+    """Each constrained row's token, logprob and support (the tokens its logprob is normalised over; empty
+    for greedy and unmet rows), from the host values of `rows` and the step's `batch` (their settings and
+    generators)."""
+    verdicts = _Verdicts(tokenizer, stats)
+    out = []
+    for row in rows:
+        accepts = verdicts.judge(row.seq)
+        i = row.rng_index
+        if batch.temperatures[i] == 0:
+            token = next((t for t in row.candidates if accepts(t)), None)
+            if token is None:
+                _unmet(row.seq, stats)
+                token = row.token
+            out.append((token, math.log(row.probs[row.candidates.index(token)]), ()))
             continue
-        judge = _Judge(seq.params.constraint, tokenizer, seq.completion_token_ids, stats)
-        first = int(tokens[row])
-        if judge.accepts(first):
+        asked = _asked(row.probs, batch.top_ks[i], batch.top_ps[i])
+        support = [(t, p) for t, p in zip(row.candidates[:asked], row.probs, strict=False) if accepts(t)]
+        if not support:
+            _unmet(row.seq, stats)
+            out.append((row.token, row.logprob, ()))
             continue
-        token = _replacement(logits[row], batch, row, first, judge)
-        if token is None:
-            stats.unmet += 1
-            if seq.num_samples_at_next_token == 1:  # its prompt's rows still share one sequence
-                seq.params = dataclasses.replace(seq.params, constraint=None)
-            continue
-        tokens[row] = token
-        logprobs[row] = _logprob(logits[row], batch.temperatures[row], token)
-    return tokens, logprobs
+        mass = sum(p for _, p in support)
+        stats.supported += 1
+        stats.support_nats -= math.log(mass)
+        probs = dict(support)
+        token = row.token if row.token in probs else _draw(support, mass, batch.rngs[i])
+        out.append((token, math.log(probs[token] / mass), tuple(sorted(probs))))
+    return out
 
 
-class _Judge:
-    """One row's constraint, asked about candidate tokens after the row's completion so far."""
-
-    def __init__(self, constraint: Constraint, tokenizer, completion: list[int], stats: ConstraintStats):
-        self.constraint = constraint
-        self.tokenizer = tokenizer
-        self.completion = completion
-        self.stats = stats
-        self.start = len(tokenizer.decode(completion, skip_special_tokens=True))
-
-    def accepts(self, token: int) -> bool:
-        text = self.tokenizer.decode(self.completion + [token], skip_special_tokens=True)
-        ok = self.constraint.accepts(text, self.start)
-        self.stats.checked += 1
-        self.stats.vetoed += not ok
-        return ok
+def _asked(probs: list[float], top_k: int, top_p: float) -> int:
+    """How many of a sampled row's candidates (likeliest first) its constraint is asked about: those that
+    reach CANDIDATE_MASS together, inside the row's top-k and top-p (the sampler's rule: a token is dropped
+    once the mass strictly before it reaches top_p); at least one."""
+    limit = len(probs) if top_k < 0 else min(top_k, len(probs))
+    before = 0.0
+    for i, p in enumerate(probs[:limit]):
+        if i and before >= min(top_p, CANDIDATE_MASS):
+            return i
+        before += p
+    return limit
 
 
-def _replacement(
-    row_logits: torch.Tensor, batch: SamplingBatch, row: int, first: int, judge: _Judge
-) -> int | None:
-    """A token the row's constraint accepts in place of its vetoed `first`: a sampled row draws again without
-    the vetoed tokens (MAX_RESAMPLES times), then, like a greedy row, takes the likeliest accepted token."""
-    vetoed = {first}
-    if batch.temperatures[row] > 0:
-        masked = row_logits[None].clone()
-        masked[0, first] = float("-inf")
-        one_row = SamplingBatch(
-            batch.temperatures[row : row + 1],
-            batch.top_ks[row : row + 1],
-            batch.top_ps[row : row + 1],
-            batch.rngs[row : row + 1],
-        )
-        for _ in range(MAX_RESAMPLES):
-            token = int(sample(masked, one_row)[0][0])
-            if token in vetoed:  # every token left with mass under top-k/top-p was vetoed
-                break
-            if judge.accepts(token):
-                return token
-            vetoed.add(token)
-            masked[0, token] = float("-inf")
-    for token in row_logits.topk(MAX_CANDIDATES).indices.tolist():
-        if token not in vetoed and judge.accepts(token):
+def _draw(support: list[tuple[int, float]], mass: float, rng) -> int:
+    """A token of the support, each drawn with probability p / mass from the row's generator."""
+    target = rng.random() * mass
+    for token, p in support:
+        target -= p
+        if target < 0:
             return token
-    return None
+    return support[-1][0]  # rounding left the target at the very end
 
 
-def _logprob(row_logits: torch.Tensor, temperature: float, token: int) -> torch.Tensor:
-    """The sampler's logprob convention: log_softmax(logits / T) (T = 1 when greedy) before any filtering."""
-    scale = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(row_logits.float() / scale, dim=-1)[token]
+def _unmet(seq: Sequence, stats: ConstraintStats) -> None:
+    """No candidate passed: the row samples as if unconstrained; a sample on its own goes on without it."""
+    stats.unmet += 1
+    if seq.num_samples_at_next_token == 1:  # its prompt's rows still share one sequence
+        seq.params = dataclasses.replace(seq.params, constraint=None)
+
+
+@dataclass(slots=True)
+class _Verdicts:
+    """The constraints' verdicts of one step, asked once per (constraint, completion, token): the rows of a
+    group that have sampled the same tokens so far share them."""
+
+    tokenizer: object
+    stats: ConstraintStats
+    seen: dict[tuple, dict[int, bool]] = field(default_factory=dict)
+
+    def judge(self, seq: Sequence):
+        """`accepts(token)` for the sequence's constraint after its completion so far."""
+        constraint, completion = seq.params.constraint, seq.completion_token_ids
+        known = self.seen.setdefault((id(constraint), tuple(completion)), {})
+        start = None
+
+        def accepts(token: int) -> bool:
+            nonlocal start
+            if token not in known:
+                if start is None:
+                    start = len(self.tokenizer.decode(completion, skip_special_tokens=True))
+                text = self.tokenizer.decode(completion + [token], skip_special_tokens=True)
+                known[token] = constraint.accepts(text, start)
+                self.stats.checked += 1
+                self.stats.vetoed += not known[token]
+            return known[token]
+
+        return accepts

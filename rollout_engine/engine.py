@@ -197,10 +197,11 @@ class LLMEngine:
         for seq in sampling:
             group = [seq] + self._fork(seq) if seq.num_samples_at_next_token > 1 else [seq]
             for member in group:
-                token, logprob, top = next(row)
+                token, logprob, top, support = next(row)
                 top = top[: member.params.top_logprobs]
                 member.token_ids.append(token)
                 member.logprobs.append(logprob)
+                member.support.append(support)
                 if top:
                     member.top_logprobs.append(top)
                 self.num_generated_tokens += 1
@@ -354,6 +355,8 @@ class LLMEngine:
             "constraint_checks": self.constraint_stats.checked,
             "constraint_vetoes": self.constraint_stats.vetoed,
             "constraint_unmet": self.constraint_stats.unmet,
+            "constraint_supported": self.constraint_stats.supported,
+            "constraint_support_nats": self.constraint_stats.support_nats,
             "kv_bytes_total": self.runner.kv_bytes_total,
             "kv_bytes_resident": self.runner.kv_bytes_resident(),
             "kv_bytes_resident_peak": self.runner.kv_bytes_resident_peak,

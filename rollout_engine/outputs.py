@@ -11,7 +11,9 @@ class Completion:
     """One sampled completion.
 
     token_ids include the stop token that ended it (if any). logprobs[i] is log p(token_ids[i]) under
-    log_softmax(logits / T) of the unfiltered distribution (T=1 for greedy); see sampler.py.
+    log_softmax(logits / T) of the unfiltered distribution (T=1 for greedy; see sampler.py), renormalised over
+    support[i] where a constraint chose the tokens the position was sampled among (empty: the whole
+    vocabulary; see constraints.py).
     finish_reason is "stop" (stop token or stop string) or "length" (max_tokens or max_model_len).
     top_logprobs[i] holds the params.top_logprobs most likely (token id, logprob) pairs at token i's position
     under the same distribution, most likely first (empty when top_logprobs is 0).
@@ -23,6 +25,7 @@ class Completion:
     finish_reason: str
     sample_index: int
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    support: list[tuple[int, ...]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

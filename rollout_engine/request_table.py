@@ -52,6 +52,7 @@ class RequestTable:
             reason,
             seq.sample_index,
             seq.top_logprobs,
+            seq.support,
         )
         request.num_finished += 1
         if request.num_finished < len(request.samples):

@@ -40,6 +40,7 @@ class Sequence:
     kv_policy_version: int = 0
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    support: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -3,8 +3,8 @@
 A small model writes columns that its database has in another table, or nowhere: after its warm start on real
 questions, six in ten of SmolLM2-135M's failed answers named an unknown column or table. PICARD (Scholak et
 al., 2021) answered this by parsing each candidate token incrementally and dropping those that cannot lead to
-valid SQL; `SchemaNames` does the part of that which concerns names. The engine asks it about each token it
-samples (`rollout_engine.constraints`) and samples again without the tokens it vetoes.
+valid SQL; `SchemaNames` does the part of that which concerns names. The engine asks it about each row's
+likeliest tokens (`rollout_engine.constraints`) and samples among those it accepts.
 
 What a reply may write, read from the text of its SQL block (```sql ... ```, or the multi-turn env's <sql> and
 <answer> tags: `SQL_FENCE`, `SQL_TAGS`) with string literals skipped:
@@ -93,6 +93,8 @@ class SchemaNames:
         self.opening, self.closings = block
         self.columns = frozenset().union(*names.values()) | _ROWID
         self.words = _KEYWORDS | _FUNCTIONS | self.columns | frozenset(names)
+        self.starts = _starts(self.words)  # every start of a word, for the word still being written
+        self.column_starts = {columns: _starts(columns) for columns in names.values()}  # by a table's columns
 
     def accepts(self, text: str, start: int) -> bool:
         """Whether the reply `text` breaks no rule (module docstring) at or after its character `start`."""
@@ -113,6 +115,14 @@ class SchemaNames:
         reader = _Reader(self, len(self.lead) + start - opening.end())
         reader.read(sql, end_at)
         return not reader.violation
+
+
+def _starts(words: frozenset[str]) -> frozenset[str]:
+    """Every start of each of `words`, the empty one included (a quoted name just opened)."""
+    return frozenset(word[:i] for word in words for i in range(len(word) + 1))
+
+
+_STATIC_STARTS = _starts(_KEYWORDS | _FUNCTIONS | _ROWID)
 
 
 def _unclosed(sql: str, closings: tuple[str, ...]) -> str:
@@ -147,6 +157,7 @@ class _Reader:
     """Reads a query's lexemes in order and notes whether a violation shows after character `start`."""
 
     def __init__(self, schema: SchemaNames, start: int) -> None:
+        self.schema = schema
         self.names, self.columns, self.words = schema.names, schema.columns, schema.words
         self.start = start
         self.queries = [_Query(depth=0)]
@@ -282,24 +293,24 @@ class _Reader:
             self.after_as = True
             return
         if partial:
-            if not any(word.startswith(name) for word in self.candidates(query)):
+            if not self.may_become(query, name):
                 if not (query.before_from and _ALIAS_LIKE.fullmatch(name)):
                     self.fail(at)
             return
         self.keyword_or_column(query, name, at, call)
 
-    def candidates(self, query: _Query) -> frozenset[str] | set[str]:
-        """The words a query may write where a column could stand: before its FROM any name of the database,
-        after it the columns in scope and the names FROM bound."""
-        if query.before_from:
-            return self.words | self.defined
-        names = _KEYWORDS | _FUNCTIONS | self.defined | _ROWID
-        for q in self.queries:
-            for alias, columns in q.tables.items():
-                if columns is _ANY:
-                    return self.words | self.defined
-                names |= columns | {alias}
-        return names
+    def may_become(self, query: _Query, start: str) -> bool:
+        """Whether `start` begins a word the query may write where a column could stand: before its FROM any
+        name of the database, after it the columns in scope and the names FROM bound."""
+        if any(word.startswith(start) for word in self.defined):
+            return True
+        bound = [(alias, columns) for q in self.queries for alias, columns in q.tables.items()]
+        if query.before_from or any(columns is _ANY for _, columns in bound):
+            return start in self.schema.starts
+        if start in _STATIC_STARTS or any(alias.startswith(start) for alias, _ in bound):
+            return True
+        known = self.schema.column_starts
+        return any(start in known[columns] for _, columns in bound)
 
     def keyword_or_column(self, query: _Query, name: str, at: int, call: bool) -> None:
         if name in ("from", "join"):

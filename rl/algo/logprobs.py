@@ -35,8 +35,13 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     first_target: int = 1,
+    support_ids: torch.Tensor | None = None,
 ) -> TokenLogprobs:
     """logprobs[:, t] = log softmax(logits[:, t-1] / temperature)[input_ids[:, t]] for [B, T] inputs.
+
+    Where `support_ids` [B, T, W] (-1 padded, `rl.algo.batch`) lists the tokens a constrained position was
+    sampled among, the softmax is over them alone: the distribution the engine sampled that token from
+    (`rollout_engine.constraints`), and the entropy is that distribution's.
 
     Use the sampling temperature so the logprobs match the engine's. Position ids count only attended
     tokens, so rows with padding on either side get the positions they had when generated. Only targets
@@ -59,7 +64,8 @@ def token_logprobs(
             rows, cols, logits = _packed_group_logits(model, input_ids, attention_mask, shared, first_target)
         else:
             rows, cols, logits = _padded_logits(model, input_ids, attention_mask, first_target)
-    picked, entropy_values = TargetLogprobs.apply(logits, input_ids[rows, cols], temperature)
+    support = None if support_ids is None or not support_ids.size(-1) else support_ids[rows, cols]
+    picked, entropy_values = TargetLogprobs.apply(logits, input_ids[rows, cols], temperature, support)
     logprobs = picked.new_zeros(input_ids.shape).index_put((rows, cols), picked)
     entropy = None
     if with_entropy:
@@ -68,19 +74,22 @@ def token_logprobs(
 
 
 class TargetLogprobs(torch.autograd.Function):
-    """(log softmax(logits / T)[target], entropy of softmax(logits / T)) per row of logits [K, V].
+    """(log softmax(logits / T)[target], entropy of softmax(logits / T)) per row of logits [K, V], the softmax
+    taken over a row's `support` tokens alone ([K, W], -1 padded) where it lists any.
 
     One pass keeps the softmax for the backward, whose gradient (onehot - softmax) * g / T is written
     once: autograd's chain of divide, logsumexp and gather would sweep the [K, V] logits about twice as
-    often. The entropy is detached.
+    often. Outside a row's support its softmax is 0, so those logits get no gradient. The entropy is detached.
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, support=None):
         scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # bf16 -> fp32
         log_norm = scaled.logsumexp(dim=-1)
         probs = (scaled - log_norm[:, None]).exp_()
         entropy = log_norm - (probs * scaled).sum(dim=-1)
+        if support is not None and (support >= 0).any():
+            _restrict(scaled, support, log_norm, probs, entropy)
         picked = scaled.gather(-1, targets[:, None])[:, 0] - log_norm
         ctx.save_for_backward(probs, targets)
         ctx.temperature, ctx.dtype = temperature, logits.dtype
@@ -93,7 +102,28 @@ class TargetLogprobs(torch.autograd.Function):
         scale = grad_picked / ctx.temperature
         grad = probs * -scale[:, None]
         grad[torch.arange(len(targets), device=grad.device), targets] += scale
-        return grad.to(ctx.dtype), None, None
+        return grad.to(ctx.dtype), None, None, None
+
+
+def _restrict(
+    scaled: torch.Tensor,
+    support: torch.Tensor,
+    log_norm: torch.Tensor,
+    probs: torch.Tensor,
+    entropy: torch.Tensor,
+) -> None:
+    """Overwrite, in the rows of `scaled` [K, V] whose `support` [K, W] lists tokens, the log-normaliser,
+    softmax and entropy with those of the softmax over the listed tokens alone."""
+    rows = (support >= 0).any(dim=1).nonzero()[:, 0]
+    ids = support[rows]
+    listed = ids >= 0
+    values = scaled[rows[:, None], ids.clamp(min=0)].masked_fill(~listed, float("-inf"))  # [P, W]
+    norm = values.logsumexp(dim=-1)
+    restricted = (values - norm[:, None]).exp()  # 0 on padding
+    log_norm[rows] = norm
+    entropy[rows] = norm - (restricted * values.masked_fill(~listed, 0.0)).sum(dim=-1)
+    probs.index_fill_(0, rows, 0.0)
+    probs[rows[:, None].expand_as(ids)[listed], ids[listed]] = restricted[listed]
 
 
 def _right_padded(attention_mask: torch.Tensor) -> bool:

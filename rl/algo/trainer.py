@@ -56,7 +56,12 @@ def batch_logprobs(
         mb = batch.rows(start, start + micro_batch_size, model_device(model))
         width = mb.input_ids.size(1)
         out[start : start + mb.num_sequences, :width] = token_logprobs(
-            inner, mb.input_ids, mb.attention_mask, temperature, first_target=first_loss_position(mb)
+            inner,
+            mb.input_ids,
+            mb.attention_mask,
+            temperature,
+            first_target=first_loss_position(mb),
+            support_ids=mb.support_ids,
         ).logprobs
     return out
 
@@ -133,6 +138,7 @@ def accumulate_gradients(
                 temperature,
                 with_entropy=True,
                 first_target=first_loss_position(mb),
+                support_ids=mb.support_ids,
             )
             old = out.logprobs.detach() if old_logprobs is None else old_logprobs[rows, :width]
             if record_logprobs is not None:

@@ -123,6 +123,10 @@ def engine_metrics(engine: Any, before: dict[str, int], generate_s: float) -> di
         # tokens the constraint refused, and samples it let go unconstrained (rollout_engine.constraints)
         "rollout/constraint_vetoes": float(now["constraint_vetoes"] - before["constraint_vetoes"]),
         "rollout/constraint_unmet": float(now["constraint_unmet"] - before["constraint_unmet"]),
+        # the mean -log pi(support) of the constrained samples: the gap to the policy that their logprobs,
+        # and the trainer, renormalise away
+        "rollout/constraint_nats": (now["constraint_support_nats"] - before["constraint_support_nats"])
+        / max(now["constraint_supported"] - before["constraint_supported"], 1),
     }
 
 

@@ -31,6 +31,7 @@ class Trajectory:
     completion_ids: list[int] = field(default_factory=list)
     completion_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy, 0 = observation
     logprobs: list[float] = field(default_factory=list)  # the engine's logprob per completion token, 0 on obs
+    supports: list[tuple[int, ...]] = field(default_factory=list)  # per completion token, Completion.support
     reward: float = 0.0
     rewards: dict[str, float] = field(default_factory=dict)
     truncated: bool = False
@@ -42,10 +43,18 @@ class Trajectory:
     text: str = ""
     demonstration: bool = False  # the env's ideal reply put in the group (rl.job.guidance), not sampled
 
-    def append(self, token_ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+    def append(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        supports: Sequence[tuple[int, ...]] | None = None,
+    ) -> None:
+        """Add sampled tokens, with their logprobs and supports (`Completion.support`), or, with logprobs
+        None, observation tokens."""
         self.completion_ids.extend(token_ids)
         self.completion_mask.extend([int(logprobs is not None)] * len(token_ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(token_ids))
+        self.supports.extend(supports or [()] * len(token_ids))
 
 
 def play_groups(
@@ -83,7 +92,7 @@ def play_groups(
         episodes = [groups[i][g] for i, g in active]
         trajs = [trajectories[i][g] for i, g in active]
         for traj, sample in zip(trajs, samples, strict=True):
-            traj.append(sample.token_ids, sample.logprobs)
+            traj.append(sample.token_ids, sample.logprobs, sample.support)
             traj.num_turns = turn
             traj.truncated = sample.finish_reason == "length"
         prefix = response_prefix if turn == 1 else ""
@@ -188,4 +197,5 @@ def to_rollout_batch(
         truncated=[t.truncated for t in flat],
         pad_token_id=pad_token_id,
         completion_masks=[t.completion_mask for t in flat],
+        completion_supports=[t.supports for t in flat],
     )

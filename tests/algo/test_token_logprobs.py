@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from rl.algo.batch import collate_rollouts
@@ -124,3 +125,27 @@ def test_target_logprobs_match_autograd_log_softmax_in_value_entropy_and_gradien
     torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(-1).detach())
     torch.testing.assert_close(grad, expected_grad)
     assert not entropy.requires_grad
+
+
+def test_a_support_restricts_the_softmax_in_value_entropy_and_gradient():
+    """Rows 0 and 2 were sampled among the tokens their support lists; the loss -A log q(y) of
+    q = softmax over the support has the gradient -A (onehot(y) - q) / T there, 0 outside it."""
+    gen = torch.Generator().manual_seed(3)
+    temperature, vocab = 0.8, 12
+    logits = (2 * torch.randn(3, vocab, generator=gen, dtype=torch.float64)).requires_grad_()
+    support = torch.tensor([[4, 7, 1, -1], [-1, -1, -1, -1], [9, 2, 3, 5]])
+    targets = torch.tensor([7, 6, 3])
+    advantages = torch.tensor([1.5, -0.5, -2.0], dtype=torch.float64)
+    picked, entropy = TargetLogprobs.apply(logits, targets, temperature, support)
+    (grad,) = torch.autograd.grad(-(advantages * picked).sum(), logits)
+    z = logits.detach() / temperature
+    for row, listed in enumerate(support.tolist()):
+        ids = [t for t in listed if t >= 0] or list(range(vocab))
+        q = torch.zeros(vocab, dtype=torch.float64)
+        q[ids] = torch.exp(z[row, ids] - torch.logsumexp(z[row, ids], 0))
+        onehot = torch.zeros(vocab, dtype=torch.float64)
+        onehot[targets[row]] = 1.0
+        assert picked[row].item() == pytest.approx(q[targets[row]].log().item(), abs=1e-12)
+        nonzero = q[ids]
+        assert entropy[row].item() == pytest.approx(-(nonzero * nonzero.log()).sum().item(), abs=1e-12)
+        torch.testing.assert_close(grad[row], -advantages[row] * (onehot - q) / temperature)

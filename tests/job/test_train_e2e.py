@@ -56,6 +56,7 @@ METRIC_NAMES = (
     "rollout/prefix_cache_hits",
     "rollout/constraint_vetoes",
     "rollout/constraint_unmet",
+    "rollout/constraint_nats",
     "sync/ms",
     "time/generate",
     "time/env",
@@ -201,6 +202,9 @@ def test_default_sql_env_runs_a_step_and_scores_the_held_out_split(tmp_path):
     assert "rewards/execution" in result.history[0]
     # the SQL env's schema constraint steers the rollouts: a random model's names are refused all the time
     assert result.history[0]["rollout/constraint_vetoes"] > 0
+    # and the trainer recomputes the logprobs of the renormalised distribution that sampled them (fp32)
+    assert result.history[0]["rollout/constraint_nats"] > 0.1
+    assert result.history[0]["sampling/logp_difference/max"] < 1e-3
 
 
 def test_multi_turn_masks_observation_tokens_out_of_the_loss(tmp_path):

@@ -1,13 +1,21 @@
-"""Constrained sampling (rollout_engine.constraints) on a tiny random Llama, against transformers' logits."""
+"""Constrained sampling (rollout_engine.constraints) on a tiny random Llama, against transformers' logits, and
+on hand-worked distributions; the trainer's logprobs of constrained samples against the engine's."""
 
+import collections
 import dataclasses
+import math
+import random
 
 import pytest
 import torch
 
+from rl.algo.batch import collate_rollouts
+from rl.algo.logprobs import token_logprobs
 from rollout_engine import SamplingParams
-from rollout_engine.constraints import MAX_CANDIDATES
+from rollout_engine.constraints import CANDIDATE_MASS, MAX_CANDIDATES, ConstraintStats
 from rollout_engine.sampling_params import SamplingParamsError
+from rollout_engine.sequence import Sequence
+from rollout_engine.step_sampling import sample_step
 from tests.helpers.rollout_tiny_models import (
     hf_greedy,
     hf_logprobs,
@@ -82,7 +90,15 @@ def test_greedy_takes_the_likeliest_token_the_constraint_accepts(llama):
     assert stats["constraint_checks"] == stats["num_generated_tokens"] + stats["constraint_vetoes"]
 
 
-def test_sampled_rows_draw_again_from_their_own_stream(llama):
+def expected_support(logits: torch.Tensor, banned: set[str]) -> list[int]:
+    """The tokens a sampled row draws among, worked out from its logits [V] at T = 1: the likeliest ones that
+    reach CANDIDATE_MASS together (at most MAX_CANDIDATES), less those whose letter is banned."""
+    probs, order = logits.double().softmax(-1).sort(descending=True)
+    asked = min(MAX_CANDIDATES, int((probs.cumsum(0) - probs < CANDIDATE_MASS).sum()))
+    return sorted(t for t in order[:asked].tolist() if LETTERS[t % 26] not in banned)
+
+
+def test_sampled_rows_draw_among_the_likeliest_accepted_tokens_with_renormalised_logprobs(llama):
     prompts = random_prompts([6, 4], seed=5)
     banned = set("aeiou")
     params = SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=11, stop_token_ids=[])
@@ -94,14 +110,70 @@ def test_sampled_rows_draw_again_from_their_own_stream(llama):
     for result in together:
         for sample in result.samples:
             assert not banned & set(Letters().decode(sample.token_ids))
-            torch.testing.assert_close(
-                torch.tensor(sample.logprobs),
-                hf_logprobs(llama, result.prompt_token_ids, sample.token_ids, 1.0),
-                atol=1e-4,
-                rtol=0,
-            )
+            ids = torch.tensor([result.prompt_token_ids + sample.token_ids])
+            with torch.no_grad():
+                logits = llama(ids).logits[0, len(result.prompt_token_ids) - 1 : -1].float()
+            for j, token in enumerate(sample.token_ids):
+                support = expected_support(logits[j], banned)
+                assert list(sample.support[j]) == support and token in support
+                log_probs = torch.log_softmax(logits[j].double(), -1)
+                expected = log_probs[token] - log_probs[support].logsumexp(0)
+                assert abs(sample.logprobs[j] - expected.item()) < 1e-4
     assert [s.token_ids for s in alone[0].samples] == [s.token_ids for s in together[0].samples]
     assert [s.token_ids for s in free[0].samples] != [s.token_ids for s in together[0].samples]
+    assert all(support == () for s in free[0].samples for support in s.support)
+
+
+def test_sampled_tokens_follow_the_distribution_renormalised_without_the_vetoed_ones():
+    """Six tokens a..f; the constraint vetoes a and c. A row samples b, d, e, f with p / (1 - p_a - p_c)."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5])
+    p = [math.exp(z) / sum(math.exp(v) for v in logits.tolist()) for z in logits.tolist()]
+    kept = {1: p[1], 3: p[3], 4: p[4], 5: p[5]}
+    q = {t: v / sum(kept.values()) for t, v in kept.items()}  # p_f = 0.03 and 0.97 before it: all six asked
+    rows = 20_000
+    params = SamplingParams(n=rows, temperature=1.0, stop_token_ids=[], constraint=NoLetters("ac"))
+    seq = Sequence(0, 0, [0], 1, params, [random.Random(i) for i in range(rows)])
+    stats = ConstraintStats()
+    sampled = sample_step(logits.expand(rows, 6).contiguous(), [seq], Letters(), stats)
+    counts = collections.Counter(token for token, _, _, _ in sampled)
+    assert set(counts) == set(q)
+    for token, share in q.items():
+        assert abs(counts[token] / rows - share) < 4 * math.sqrt(share * (1 - share) / rows)
+    for token, logprob, _, support in sampled:
+        assert support == (1, 3, 4, 5) and logprob == pytest.approx(math.log(q[token]), abs=1e-6)
+    assert (stats.checked, stats.vetoed, stats.unmet) == (6, 2, 0)  # asked once: the rows share a completion
+    assert stats.supported == rows
+    assert stats.support_nats / rows == pytest.approx(-math.log(sum(kept.values())), rel=1e-6)
+    top3 = SamplingParams(n=50, temperature=1.0, top_k=3, stop_token_ids=[], constraint=NoLetters("ac"))
+    seq = Sequence(1, 1, [0], 1, top3, [random.Random(i) for i in range(50)])
+    sampled = sample_step(logits.expand(50, 6).contiguous(), [seq], Letters(), ConstraintStats())
+    assert {(token, logprob, support) for token, logprob, _, support in sampled} == {(1, 0.0, (1,))}
+
+
+def test_the_trainer_recomputes_the_logprobs_of_constrained_samples(llama):
+    prompts = random_prompts([5, 8], seed=7)
+    params = SamplingParams(n=3, temperature=0.9, max_tokens=10, seed=2, stop_token_ids=[])
+    results = make_engine(llama, Letters()).generate(
+        prompts, dataclasses.replace(params, constraint=NoLetters("etaoin"))
+    )
+    samples = [(r.prompt_token_ids, s) for r in results for s in r.samples]
+    batch = collate_rollouts(
+        [prompt for prompt, _ in samples],
+        [s.token_ids for _, s in samples],
+        [s.logprobs for _, s in samples],
+        torch.zeros(len(samples)),
+        [False] * len(samples),
+        pad_token_id=0,
+        completion_supports=[s.support for _, s in samples],
+    )
+    with torch.no_grad():
+        trained = token_logprobs(
+            llama, batch.input_ids, batch.attention_mask, 0.9, support_ids=batch.support_ids
+        ).logprobs
+    difference = (trained - batch.sampling_logprobs)[batch.loss_mask].abs()
+    assert difference.max() < 1e-4
+    unmasked = token_logprobs(llama, batch.input_ids, batch.attention_mask, 0.9).logprobs.detach()
+    assert (unmasked - batch.sampling_logprobs)[batch.loss_mask].abs().max() > 0.1  # the mask matters
 
 
 def test_a_sample_no_candidate_can_satisfy_goes_on_unconstrained(llama):
