@@ -52,6 +52,9 @@ class StepStats:
     completions: CompletionStats
     sampling: dict[str, float]  # ISCorrection.as_dict() names: the sampler/trainer logprob mismatch
     anchor_nll: float | None = None  # the anchor demonstrations' NLL (train_step's anchor), mean over passes
+    update_norm: float = 0.0  # the L2 norm of the step's change to the trained weights, over all its passes
+    # with an anchor: the policy-gradient and anchor gradient norms apart, before clipping, mean over passes
+    split_grad_norms: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, float]:
         """Flat metric names for the logger."""
@@ -62,12 +65,15 @@ class StepStats:
             num_tokens=float(self.num_tokens),
             num_skipped_steps=float(self.num_skipped_steps),
             num_rows_skipped=float(self.num_rows_skipped),
+            update_norm=self.update_norm,
         )
         for name in CompletionStats.__slots__:
             out[f"completions/{name}"] = getattr(self.completions, name)
         out.update(self.sampling)
         if self.anchor_nll is not None:
             out["anchor/nll"] = self.anchor_nll
+        if self.split_grad_norms is not None:
+            out["grad_norm/policy"], out["grad_norm/anchor"] = self.split_grad_norms
         return out
 
 

@@ -276,7 +276,9 @@ def train_step(
     is_weights = None if correction is None else correction.weights
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
+    start = [p.detach().clone() for p in params]  # for the update's norm (LoRA: a few MB)
     losses, grad_norms, skipped, lr = [], [], 0, 0.0
+    split_norms: list[tuple[float, float]] = []  # with an anchor: (policy-gradient, anchor) gradient norms
     # Without a correction the sampler/trainer mismatch is still reported, from the first pass's logprobs.
     seen = torch.zeros(batch.input_ids.shape, device=model_device(model)) if correction is None else None
     anchor_nll: list[float] = []
@@ -291,9 +293,12 @@ def train_step(
         )  # fmt: skip
         total = stats.loss
         if anchor is not None:
+            policy_grads = _grads(params)
             anchored = accumulate_gradients(
                 model, anchor, NLL, micro_batch_size=micro_batch_size, record_logprobs=anchor_logprobs
             )
+            anchor_grads = [g - p for g, p in zip(_grads(params), policy_grads, strict=True)]
+            split_norms.append((_norm(policy_grads), _norm(anchor_grads)))
             total = total + anchored.loss
             anchor_nll.append(mean_sequence_nll(anchor, anchor_logprobs))
         stepped, grad_norm, lr = optimizer_step(optimizer, scheduler, params, max_grad_norm, total)
@@ -311,4 +316,21 @@ def train_step(
         completions=completions,
         sampling=(correction or _mismatch(batch, seen, loss.is_cap)).as_dict(),
         anchor_nll=sum(anchor_nll) / len(anchor_nll) if anchor_nll else None,
+        update_norm=_norm([p.detach() - s for p, s in zip(params, start, strict=True)]),
+        split_grad_norms=_mean_pair(split_norms),
     )
+
+
+def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A copy of each parameter's gradient so far (zeros where it has none)."""
+    return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+
+
+def _mean_pair(pairs: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """The mean of each member of the pairs; None for no pairs."""
+    return (sum(a for a, _ in pairs) / len(pairs), sum(b for _, b in pairs) / len(pairs)) if pairs else None
+
+
+def _norm(tensors: list[torch.Tensor]) -> float:
+    """The L2 norm of tensors taken together."""
+    return math.sqrt(sum(t.float().pow(2).sum().item() for t in tensors))

@@ -27,6 +27,7 @@ RANK_REDUCERS = {
     "rollout/prefix_cache_hits": sum,
     "rollout/constraint_vetoes": sum,
     "rollout/constraint_unmet": sum,
+    "informative_groups": sum,
     "env/errors": sum,
     "env/timeouts": sum,
     "guidance/demonstrations": sum,
@@ -80,6 +81,8 @@ def reward_metrics(trajectories: Sequence[Sequence[Trajectory]], rewards: torch.
         "reward": stats.reward_mean,
         "reward_std": stats.reward_std,
         "frac_reward_zero_std": stats.frac_reward_zero_std,
+        # groups whose rewards differ: the ones with a policy gradient
+        "informative_groups": float(round(len(trajectories) * (1 - stats.frac_reward_zero_std))),
         "env/errors": float(sum(t.error is not None for t in flat)),
         "env/timeouts": float(sum(t.timed_out for t in flat)),
         "env/mean_turns": sum(t.num_turns for t in flat) / len(flat),

@@ -300,3 +300,18 @@ def test_rows_whose_term_can_be_nonzero_always_run(make_llama, make_lora, make_b
     model, batch = make_lora(make_llama(), perturb=True), make_batch(advantages=SOME_ZERO)
     stats = train_step(model, build_optimizer(model, lr=1e-3), None, batch, loss, micro_batch_size=4, **STEP)
     assert stats.num_rows_skipped == skipped
+
+
+def test_the_update_norm_is_the_weights_change(make_llama, make_lora, make_batch):
+    # plain SGD without clipping moves the weights by lr x the gradient: the change is lr x grad_norm long
+    model, batch = make_lora(make_llama(), perturb=True), make_batch()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in trained]
+    optimizer = torch.optim.SGD(trained, lr=0.05)
+    stats = train_step(
+        model, optimizer, None, batch, LossConfig(), micro_batch_size=4, max_grad_norm=None, temperature=1.0
+    )
+    change = sum((p.detach() - b).pow(2).sum().item() for p, b in zip(trained, before, strict=True)) ** 0.5
+    assert change > 0
+    assert stats.as_dict()["update_norm"] == pytest.approx(change, rel=1e-5)
+    assert stats.update_norm == pytest.approx(0.05 * stats.grad_norm, rel=1e-4)

@@ -130,6 +130,12 @@ def test_failures_are_counted_and_never_succeed():
     assert [t.error for t in trajectories] == [r.error for r in results] and trajectories[2].error is None
 
 
+def test_informative_groups_are_those_whose_rewards_differ():
+    groups = [[Trajectory(prompt_ids=[1]) for _ in range(3)] for _ in range(4)]
+    rewards = torch.tensor([[0.0, 0.0, 0.0], [0.0, -0.1, 0.0], [1.0, 1.0, 1.0], [0.5, 1.0, 0.0]])
+    assert reward_metrics(groups, rewards)["informative_groups"] == 2.0
+
+
 def test_an_error_the_env_reports_in_info_is_no_failed_step():
     traj = Trajectory(prompt_ids=[1])
     record_step(traj, StepResult(None, -0.1, True, info={"error": "no such column: x"}), None, 10)

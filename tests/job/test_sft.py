@@ -1,5 +1,7 @@
 """The supervised warm start: SQL demonstrations are right, and one step follows the NLL gradient."""
 
+import math
+
 import pytest
 import torch
 
@@ -182,3 +184,8 @@ def test_an_anchored_grpo_step_adds_coef_times_the_demonstrations_nll_gradient(t
     assert "anchor/nll" not in train_step(model, alone, None, rollouts, **step).as_dict()
     for got, rl, nll in zip(anchored.seen, alone.seen, nll_grads, strict=True):
         torch.testing.assert_close(got, rl + 0.3 * nll, rtol=1e-4, atol=1e-6)
+    # the two gradients' norms are logged apart
+    norm = lambda grads: math.sqrt(sum(g.pow(2).sum().item() for g in grads))  # noqa: E731
+    logged = stats.as_dict()
+    assert logged["grad_norm/policy"] == pytest.approx(norm(alone.seen), rel=1e-4)
+    assert logged["grad_norm/anchor"] == pytest.approx(norm([0.3 * g for g in nll_grads]), rel=1e-4)

@@ -36,6 +36,8 @@ METRIC_NAMES = (
     "rewards/",
     "reward_std",
     "frac_reward_zero_std",
+    "informative_groups",
+    "update_norm",
     "completions/mean_length",
     "completions/min_length",
     "completions/max_length",
