@@ -179,13 +179,14 @@ class SftConfig(Settings):
 
 @dataclass
 class EvalConfig(Settings):
-    """mode=eval's sampled scoring, beside its greedy accuracy."""
+    """Sampled scoring beside greedy accuracy: at every evaluation point of a run (the held-out set) and in
+    mode=eval (the transfer set too)."""
 
     RULES = (
         ("samples", at_least(0), "use an integer >= 0 (0: greedy accuracy alone; K: pass@k from K samples)"),
     )
 
-    samples: int = 0  # K > 0: pass@k for k = 1, 2, 4 ... K from K samples per task at the rollout's settings
+    samples: int = 0  # K > 0: pass@k, k = 1, 2, 4 ... K, from K samples a task at the rollout's settings
 
 
 @dataclass

@@ -34,14 +34,19 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
         if point.transfer is not None:
             print(f"transfer set greedy {success} ({cfg.checkpoint or 'base model'}):")
             print(point.transfer.table())
-    for eval_set, greedy in [(held_out_set(parts, cfg), point.result), (parts.transfer, point.transfer)]:
-        if cfg.eval.samples and greedy is not None:  # counts: RUN_DIR/evals/<set>_passk_<stage>_<step>
-            passk = run_pass_at_k(parts, cfg, eval_set, stage, step, bars)
-            if dist.is_main:
-                print(
-                    f"{eval_set.name} pass@k from {cfg.eval.samples} samples per task at rollout.temperature="
-                    f"{cfg.rollout.temperature} ({cfg.checkpoint or 'base model'}):\n{passk.table(greedy)}"
-                )
+    if not cfg.eval.samples:
+        return
+    sampled = [(held_out_set(parts, cfg), point.result, point.passk)]  # counts: RUN_DIR/evals/<set>_passk_*
+    if point.transfer is not None:
+        sampled.append(
+            (parts.transfer, point.transfer, run_pass_at_k(parts, cfg, parts.transfer, stage, step, bars))
+        )
+    for eval_set, greedy, passk in sampled:
+        if dist.is_main:
+            print(
+                f"{eval_set.name} pass@k from {cfg.eval.samples} samples per task at rollout.temperature="
+                f"{cfg.rollout.temperature} ({cfg.checkpoint or 'base model'}):\n{passk.table(greedy)}"
+            )
 
 
 def export_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:

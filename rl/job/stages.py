@@ -95,13 +95,17 @@ def held_out_set(parts: Parts, cfg: DictConfig) -> EvalSet:
 def eval_point(
     parts: Parts, cfg: DictConfig, stage: str, step: int, bars: ProgressBars, transfer: bool = False
 ) -> EvalPoint:
-    """The held-out set's evaluation, and with `transfer` the transfer set's too (when there is one)."""
+    """The held-out set's evaluation, and with `transfer` the transfer set's too (when there is one). With
+    eval.samples = K > 0 the held-out set's pass@k from K samples a task follows its greedy accuracy: the
+    sampled objective GRPO trains, where a gain shows before it reaches the greedy score."""
     on_transfer = transfer and parts.transfer is not None
+    held_out = held_out_set(parts, cfg)
     return EvalPoint(
         stage,
         step,
-        run_eval(parts, cfg, held_out_set(parts, cfg), stage, step, bars),
+        run_eval(parts, cfg, held_out, stage, step, bars),
         run_eval(parts, cfg, parts.transfer, stage, step, bars) if on_transfer else None,
+        run_pass_at_k(parts, cfg, held_out, stage, step, bars) if cfg.eval.samples else None,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from envs import ScoreWords
 from rl.eval.evaluate import EvalResult
+from rl.eval.pass_at_k import PassAtK
 from rl.report.metrics import PHASES, StepTimer
 
 SUMMARY_FILE = "summary.json"
@@ -30,11 +31,16 @@ class EvalPoint:
     step: int  # the stage's own step count when the evaluation ran
     result: EvalResult  # the held-out set's
     transfer: EvalResult | None = None  # the transfer set's, where it was scored
+    passk: PassAtK | None = None  # the held-out set's pass@k from sampled answers (eval.samples)
 
     def metrics(self) -> dict[str, float]:
-        """``eval/*`` for the held-out set, and ``transfer/*`` where the transfer set was scored."""
+        """``eval/*`` for the held-out set (with ``eval/pass@k`` where it was sampled), and ``transfer/*``
+        where the transfer set was scored."""
         transfer = self.transfer.metrics(prefix="transfer") if self.transfer is not None else {}
-        return {**self.result.metrics(), **transfer}
+        sampled = (
+            {f"eval/pass@{k}": v for k, v in self.passk.overall.items()} if self.passk is not None else {}
+        )
+        return {**self.result.metrics(), **sampled, **transfer}
 
     def as_dict(self) -> dict[str, Any]:
         low, high = self.result.ci95
@@ -46,6 +52,8 @@ class EvalPoint:
             "reward": self.result.reward,
             "num_tasks": self.result.num_tasks,
         }
+        if self.passk is not None:
+            point["pass_at_k"] = {str(k): v for k, v in self.passk.overall.items()}
         if self.transfer is not None:
             point.update(
                 transfer_accuracy=self.transfer.accuracy,

@@ -3,11 +3,13 @@ eval.samples, and a tiny model's eval run whose printed pass@k is the estimator 
 
 import contextlib
 import io
+import json
 import math
 
 import pytest
 import torch
 
+import train
 from host import cpu_threads
 from rl.config.checks import check_config
 from rl.config.schema import register_configs
@@ -171,3 +173,31 @@ def test_without_eval_samples_mode_eval_draws_no_samples(tmp_path, capsys):
     modes.eval_only(compose_cfg(tmp_path, *PARITY, "mode=eval"))
     assert "pass@k" not in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "evals").iterdir()) == ["held_out_base_0.jsonl"]
+
+
+def test_a_training_runs_evaluation_points_report_sampled_pass_at_k_beside_greedy(tmp_path):
+    """GRPO trains the sampled objective: with eval.samples each evaluation point of a run also samples the
+    held-out set, logs eval/pass@k and writes its counts."""
+    register_configs()
+    cfg = compose_cfg(
+        tmp_path, *PARITY, "num_steps=2", "eval_every=1", "eval.samples=4", "rollout.temperature=1.0"
+    )
+    torch.manual_seed(cfg.seed)
+    result = train.train(cfg)
+    stages = [(p.stage, p.step) for p in result.evals]
+    assert stages == [("base", 0), ("sft", 1), ("grpo", 1), ("grpo", 2)]  # the parity env warms up a step
+    for point, logged in [(result.evals[2], result.history[0]), (result.evals[3], point_metrics(tmp_path))]:
+        records = read_outcomes(tmp_path / "evals" / f"held_out_passk_grpo_{point.step}.jsonl")
+        successes = [r["c"] for r in records]
+        expected = [sum(pass_at_k(4, c, k) for c in successes) / len(records) for k in (1, 2, 4)]
+        assert [logged[f"eval/pass@{k}"] for k in (1, 2, 4)] == pytest.approx(expected)
+        assert logged["eval/accuracy"] == point.result.accuracy  # greedy, beside it
+    assert 0 < sum(r["c"] for r in read_outcomes(tmp_path / "evals" / "held_out_passk_base_0.jsonl")) < 32
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval_history"][-1]["pass_at_k"]["1"] == pytest.approx(result.evals[-1].passk.overall[1])
+
+
+def point_metrics(run_dir):
+    """The metrics.jsonl line that logged the final evaluation (the last line with eval/accuracy)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if "eval/accuracy" in line][-1]
