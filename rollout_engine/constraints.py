@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-from rollout_engine.sampler import SamplingBatch
+from rollout_engine.sampler import SamplingBatch, top_logprobs
 from rollout_engine.sequence import Sequence
 
 CANDIDATE_MASS = 0.99  # the share of a sampled row's probability its constraint is asked about
@@ -74,9 +74,8 @@ class ConstrainedRow:
 def candidates(logits: torch.Tensor, temperatures: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """The MAX_CANDIDATES likeliest tokens of each row of logits [rows, vocab] with their probabilities under
     softmax(logits / T) (T = 1 for greedy rows), likeliest first: (probs [rows, k], ids [rows, k])."""
-    scales = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
-    probs = (logits.float() / scales[:, None]).softmax(dim=-1)
-    return probs.topk(min(MAX_CANDIDATES, logits.size(-1)), dim=-1)
+    logprobs, ids = top_logprobs(logits, temperatures, min(MAX_CANDIDATES, logits.size(-1)))
+    return logprobs.exp(), ids
 
 
 def constrain(

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rl.algo.advantages import reward_stats
+from rl.algo.advantages import filter_zero_std_groups, reward_stats
 from rl.rollout.play import Trajectory
 
 PHASES = ("sft", "generate", "env", "train", "sync", "eval")
@@ -82,7 +82,7 @@ def reward_metrics(trajectories: Sequence[Sequence[Trajectory]], rewards: torch.
         "reward_std": stats.reward_std,
         "frac_reward_zero_std": stats.frac_reward_zero_std,
         # groups whose rewards differ: the ones with a policy gradient
-        "informative_groups": float(round(len(trajectories) * (1 - stats.frac_reward_zero_std))),
+        "informative_groups": float(filter_zero_std_groups(rewards).sum()),
         "env/errors": float(sum(t.error is not None for t in flat)),
         "env/timeouts": float(sum(t.timed_out for t in flat)),
         "env/mean_turns": sum(t.num_turns for t in flat) / len(flat),
