@@ -1,4 +1,5 @@
-"""Grading a completion against a task's gold query, and the SQL reward components built on it."""
+"""Grading a completion against a task's reference (its gold query's result, or its answer:
+``envs.sql.answers``), and the SQL reward components built on it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from functools import lru_cache, partial
 from typing import Any
 
 from envs.rewards import WeightedRewards
-from envs.sql.match import gold_result, has_top_level_order_by, result_overlap, results_match, run_for_grading
+from envs.sql.answers import ANSWER, reference
+from envs.sql.match import result_overlap, results_match, run_for_grading
 from envs.sql.prompts import extract_sql
 
 EXECUTION = "execution"  # the reward component of the execution match
@@ -29,33 +31,35 @@ class SqlGrade:
 
 
 @lru_cache(maxsize=4096)
-def _grade_sql(db_path: str, gold_sql: str, sql: str, timeout_s: float) -> SqlGrade:
+def _grade_sql(db_path: str, gold_sql: str, answer: str, sql: str, timeout_s: float) -> SqlGrade:
     pred = run_for_grading(db_path, sql, timeout_s)
     if not pred.ok:
         return SqlGrade(sql, False, False, pred.error)
-    gold = gold_result(db_path, gold_sql, timeout_s)
-    match = results_match(gold, pred, ordered=has_top_level_order_by(gold_sql))
-    return SqlGrade(sql, True, match, None, 1.0 if match else result_overlap(gold, pred))
+    expected, ordered = reference({"db_path": db_path, "gold_sql": gold_sql, ANSWER: answer}, timeout_s)
+    match = results_match(expected, pred, ordered=ordered)
+    return SqlGrade(sql, True, match, None, 1.0 if match else result_overlap(expected, pred))
 
 
 def grade_completion(task: Mapping[str, Any], completion: str, timeout_s: float = 2.0) -> SqlGrade:
-    """Extract the SQL from ``completion`` and compare it with ``task['gold_sql']`` on ``task['db_path']``.
+    """Extract the SQL from ``completion`` and compare its result on ``task['db_path']`` with the task's
+    reference: its ``gold_sql``'s result, or its ``answer`` when it has no gold query.
 
     Results are cached, so several reward components can grade the same completion for the price of one.
     """
     sql = extract_sql(completion)
     if sql is None:
         return SqlGrade(None, False, False, "no SQL query found in the completion")
-    return _grade_sql(task["db_path"], task["gold_sql"], sql, timeout_s)
+    gold_sql, answer = task.get("gold_sql") or "", task.get(ANSWER) or ""
+    return _grade_sql(task["db_path"], gold_sql, answer, sql, timeout_s)
 
 
 def execution_reward(task: Mapping[str, Any], completion: str, timeout_s: float = 2.0) -> float:
-    """1.0 when the completion's query matches the gold result, else 0.0."""
+    """1.0 when the completion's query matches the reference result, else 0.0."""
     return float(grade_completion(task, completion, timeout_s).match)
 
 
 def partial_reward(task: Mapping[str, Any], completion: str, timeout_s: float = 2.0) -> float:
-    """Partial credit in [0, 1] for a query that ran: how much of the gold result it returned."""
+    """Partial credit in [0, 1] for a query that ran: how much of the reference result it returned."""
     return grade_completion(task, completion, timeout_s).overlap
 
 

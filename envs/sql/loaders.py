@@ -14,6 +14,13 @@ The release's dev questions are the test split: their databases are not among th
 them the training questions are split by database (``split_by_database``), so that a held-out score, as on
 the dev sets, measures databases the model never trained on. Rows carry the built-in generator's columns; a
 malformed row is skipped with a warning that names it.
+
+Learning from answers (``envs.sql.answers``): a question row may give ``answer`` (its expected result rows, a
+list of lists, with ``ordered: true`` when their order counts) instead of a query, and ``labelled_fraction``
+keeps the gold query of only that share of the training questions (drawn by ``split_seed``), replacing the
+rest's by the answer it returns: one folder then gives the regime of a few labelled programs and many checked
+answers. A task without a gold query has no demonstration, and no family or difficulty label ("unknown"),
+since both are read from the query. The test split keeps its gold queries.
 """
 
 from __future__ import annotations
@@ -28,11 +35,14 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict
 
+from envs.sql.answers import ANSWER, answer_of_gold, encode_answer
+from envs.sql.match import GoldQueryError
 from envs.sql.prompts import render_schema
 
 logger = logging.getLogger(__name__)
 
 _BIRD_DIFFICULTY = {"simple": "easy", "moderate": "medium", "challenging": "hard"}
+UNKNOWN = "unknown"  # the family and difficulty of a question known only by its answer
 _FAMILY_DIFFICULTY = {
     "filter": "easy",
     "aggregate": "easy",
@@ -75,11 +85,14 @@ class _Part:
     db_dir: str  # holds <db_id>/<db_id>.sqlite
 
 
-def spider_tasks(root: str, test_fraction: float = 0.1, split_seed: int = 0) -> DatasetDict:
+def spider_tasks(
+    root: str, test_fraction: float = 0.1, split_seed: int = 0, labelled_fraction: float = 1.0
+) -> DatasetDict:
     """Spider's questions: ``train_spider.json`` and ``train_others.json`` are train, ``dev.json`` is test.
 
     Without a ``dev.json`` the training questions are split with ``split_by_database(test_fraction,
-    split_seed)``; with one, those two arguments are only checked.
+    split_seed)``; with one, those two arguments are only checked. ``labelled_fraction`` < 1 keeps the gold
+    query of that share of the training questions and gives the rest their answers (``hide_gold``).
     """
     _check_root(root, "the unzipped Spider folder (train_spider.json, tables.json, database/)")
 
@@ -93,17 +106,24 @@ def spider_tasks(root: str, test_fraction: float = 0.1, split_seed: int = 0) -> 
     train = [part("train_spider.json")] + [
         p for p in [part("train_others.json")] if os.path.isfile(p.questions)
     ]
-    return _task_splits(train, part("dev.json"), "query", "spider", test_fraction, split_seed)
+    return _task_splits(
+        train, part("dev.json"), "query", "spider", test_fraction, split_seed, labelled_fraction
+    )
 
 
 def bird_tasks(
-    root: str, test_fraction: float = 0.1, split_seed: int = 0, dev_dir: str = "dev"
+    root: str,
+    test_fraction: float = 0.1,
+    split_seed: int = 0,
+    dev_dir: str = "dev",
+    labelled_fraction: float = 1.0,
 ) -> DatasetDict:
     """BIRD's questions (with their ``evidence`` hints): ``train/train.json`` is train, ``<dev_dir>/dev.json``
     is test (``dev_dir``: the unzipped dev part, which recent releases name ``dev_<date>``).
 
     Without the dev part the training questions are split with ``split_by_database(test_fraction,
-    split_seed)``; with it, those two arguments are only checked.
+    split_seed)``; with it, those two arguments are only checked. ``labelled_fraction``: as in
+    ``spider_tasks``.
     """
     _check_root(root, "the folder holding BIRD's unzipped train/ (and dev/) parts")
 
@@ -116,7 +136,13 @@ def bird_tasks(
         )
 
     return _task_splits(
-        [part("train", "train")], part("dev", dev_dir), "SQL", "bird", test_fraction, split_seed
+        [part("train", "train")],
+        part("dev", dev_dir),
+        "SQL",
+        "bird",
+        test_fraction,
+        split_seed,
+        labelled_fraction,
     )
 
 
@@ -154,10 +180,49 @@ def split_by_database(
     return train, [task for task in tasks if task["db_id"] in test_dbs]
 
 
+def hide_gold(tasks: list[dict[str, Any]], labelled_fraction: float, seed: int) -> list[dict[str, Any]]:
+    """``tasks`` with the gold query of only ``round(labelled_fraction * len(tasks))`` of them kept (drawn
+    with ``random.Random(seed)``); each other task gets the answer its gold query returns instead, and loses
+    the query, its family and its difficulty. A task whose gold query fails, or whose result has no JSON form,
+    is dropped with a warning naming it. Order is kept."""
+    _check_labelled_fraction(labelled_fraction)
+    if labelled_fraction == 1:
+        return list(tasks)
+    order = list(range(len(tasks)))
+    random.Random(seed).shuffle(order)
+    labelled = set(order[: round(labelled_fraction * len(tasks))])
+    kept = []
+    for index, task in enumerate(tasks):
+        if index in labelled:
+            kept.append(task)
+            continue
+        try:
+            answer = answer_of_gold(task["db_path"], task["gold_sql"])
+        except (GoldQueryError, ValueError) as exc:
+            logger.warning("dropping %r on %s: no answer for it (%s)", task["question"], task["db_id"], exc)
+            continue
+        kept.append({**task, "gold_sql": "", ANSWER: answer, "family": UNKNOWN, "difficulty": UNKNOWN})
+    logger.info(
+        "labelled_fraction=%s: %d of %d training questions keep their gold query, %d have their answer",
+        labelled_fraction,
+        len(labelled),
+        len(tasks),
+        len(kept) - len(labelled),
+    )
+    return kept
+
+
 def _task_splits(
-    train_parts: list[_Part], dev: _Part, sql_key: str, source: str, test_fraction: float, split_seed: int
+    train_parts: list[_Part],
+    dev: _Part,
+    sql_key: str,
+    source: str,
+    test_fraction: float,
+    split_seed: int,
+    labelled_fraction: float,
 ) -> DatasetDict:
     _check_split_args(test_fraction, split_seed)
+    _check_labelled_fraction(labelled_fraction)
     train = [task for part in train_parts for task in _read_tasks(part, sql_key, source)]
     if not train:
         raise ValueError(
@@ -181,7 +246,18 @@ def _task_splits(
             test_fraction,
             split_seed,
         )
+    train = hide_gold(train, labelled_fraction, split_seed)
     return DatasetDict(train=Dataset.from_list(train), test=Dataset.from_list(test))
+
+
+def _check_labelled_fraction(labelled_fraction: Any) -> None:
+    if isinstance(labelled_fraction, bool) or not isinstance(labelled_fraction, int | float):
+        raise ValueError(f"labelled_fraction={labelled_fraction!r}: use a number in [0, 1]")
+    if not 0 <= labelled_fraction <= 1:
+        raise ValueError(
+            f"labelled_fraction={labelled_fraction!r}: use a number in [0, 1], the share of the training "
+            "questions that keep their gold query (1 keeps all)"
+        )
 
 
 def _check_root(root: Any, expected: str) -> None:
@@ -233,12 +309,24 @@ def _db_ids(tables_path: str) -> set[str]:
 def _problem(row: Any, sql_key: str, db_ids: set[str]) -> str | None:
     if not isinstance(row, dict):
         return f"expected an object, got {type(row).__name__}"
-    for key in ("db_id", "question", sql_key):
+    keys = ("db_id", "question") if ANSWER in row and sql_key not in row else ("db_id", "question", sql_key)
+    for key in keys:
         if not isinstance(row.get(key), str) or not row[key].strip():
             return f"missing or empty {key!r}"
     if row["db_id"] not in db_ids:
         return f"db_id {row['db_id']!r} is not in the tables file"
     return None
+
+
+def _row_answer(row: dict[str, Any]) -> str:
+    """The answer's JSON text of a row that gives ``answer`` (its result rows) instead of a query."""
+    rows = row[ANSWER]
+    if not isinstance(rows, list) or not rows or not isinstance(rows[0], list):
+        raise ValueError(
+            f"'answer' must be a non-empty list of rows (lists of cells), got {rows!r}: an empty answer "
+            "would match any query that returns nothing"
+        )
+    return encode_answer(rows, len(rows[0]), row.get("ordered", False) is True)
 
 
 def _read_tasks(part: _Part, sql_key: str, source: str) -> list[dict[str, Any]]:
@@ -262,15 +350,27 @@ def _read_tasks(part: _Part, sql_key: str, source: str) -> list[dict[str, Any]]:
                 f"{part.db_dir}/<db_id>/<db_id>.sqlite: check the dataset root, and unzip the release's "
                 "database archive there if it came zipped"
             )
-        family = sql_family(row[sql_key])
+        gold_sql, answer, family = row.get(sql_key, "").strip(), "", UNKNOWN
+        default_difficulty = UNKNOWN
+        if gold_sql:
+            family = sql_family(gold_sql)
+            default_difficulty = _FAMILY_DIFFICULTY[family]
+        else:
+            try:
+                answer = _row_answer(row)
+            except ValueError as exc:
+                num_skipped += 1
+                logger.warning("skipping row %d of %s: %s", index, part.questions, exc)
+                continue
         tasks.append(
             {
                 "question": row["question"].strip(),
                 "db_id": db_id,
                 "db_path": db_path,
-                "gold_sql": row[sql_key].strip(),
+                "gold_sql": gold_sql,
+                ANSWER: answer,
                 "family": family,
-                "difficulty": _BIRD_DIFFICULTY.get(row.get("difficulty"), _FAMILY_DIFFICULTY[family]),
+                "difficulty": _BIRD_DIFFICULTY.get(row.get("difficulty"), default_difficulty),
                 "schema": render_schema(db_path),
                 "evidence": str(row.get("evidence") or ""),
                 "source": source,

@@ -12,6 +12,7 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
+from envs.sql.answers import has_gold_sql
 from envs.sql.execution_env import ExecutionMatchEnv
 from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import check_schema_style, format_result, task_messages
@@ -127,10 +128,11 @@ class SqlMultiTurnEnv(ExecutionMatchEnv):
         self.response_prefix = response_prefix
         self.constrain_names = constrain_names
 
-    def demonstration(self, task: Mapping[str, Any]) -> str:
+    def demonstration(self, task: Mapping[str, Any]) -> str | None:
         """The ideal first reply to ``task``: its gold query as the final answer, so a warm start teaches the
-        answer format and the SQL, and GRPO then finds when exploring first pays."""
-        return f"<answer>{task['gold_sql']}</answer>"
+        answer format and the SQL, and GRPO then finds when exploring first pays; None for a task known only
+        by its answer."""
+        return f"<answer>{task['gold_sql']}</answer>" if has_gold_sql(task) else None
 
     def start(self, task: Mapping[str, Any]) -> SqlMultiTurnEpisode:
         """Open an episode; the instructions state the tags and the turn budget."""

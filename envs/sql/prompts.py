@@ -156,21 +156,31 @@ def format_result(result: QueryResult, max_rows: int = 10, max_chars: int = 1000
     return text
 
 
-_REQUIRED_TASK_KEYS = ("question", "db_path", "gold_sql")
+_REQUIRED_TASK_KEYS = ("question", "db_path")
 
 
 def check_sql_task(task: Mapping[str, Any]) -> None:
-    """Refuse a row an SQL env cannot play: a key missing or not a non-empty string, or no database file.
+    """Refuse a row an SQL env cannot play: ``question`` or ``db_path`` missing or not a non-empty string,
+    no database file, or neither a ``gold_sql`` nor an ``answer`` (``envs.sql.answers``) to grade against.
 
     A row's ``schema`` only describes the database; grading runs queries against ``db_path``, so without
     the file every completion would score as failed SQL.
     """
     missing = [key for key in _REQUIRED_TASK_KEYS if key not in task]
     if missing:
-        raise ValueError(f"task row lacks {missing}; SQL tasks need the keys {list(_REQUIRED_TASK_KEYS)}")
+        raise ValueError(
+            f"task row lacks {missing}; SQL tasks need the keys {list(_REQUIRED_TASK_KEYS)} and a 'gold_sql' "
+            "or an 'answer'"
+        )
     for key in _REQUIRED_TASK_KEYS:
         if not isinstance(task[key], str) or not task[key].strip():
             raise ValueError(f"the task's {key!r} is {task[key]!r}; it must be a non-empty string")
+    if not any(isinstance(task.get(key), str) and task[key].strip() for key in ("gold_sql", "answer")):
+        raise ValueError(
+            f"the task {task['question']!r} has neither a 'gold_sql' nor an 'answer' (each must be a "
+            "non-empty string): give the gold query, or the expected result rows as "
+            "envs.sql.answers.encode_answer writes them"
+        )
     if not os.path.isfile(task["db_path"]):
         raise ValueError(
             f"the task's database db_path={task['db_path']!r} does not exist; queries are graded by running "

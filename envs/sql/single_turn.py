@@ -7,6 +7,7 @@ from typing import Any
 
 from envs.base import StepResult
 from envs.rewards import WeightedRewards
+from envs.sql.answers import has_gold_sql
 from envs.sql.execution_env import ExecutionMatchEnv
 from envs.sql.grading import check_reward_args, grade_completion, sql_rewards
 from envs.sql.prompts import SINGLE_TURN_INSTRUCTIONS, check_schema_style, task_messages
@@ -45,7 +46,8 @@ class SqlEpisode:
 
 
 class SqlEnv(ExecutionMatchEnv):
-    """Single-turn text-to-SQL over rows with ``question``, ``db_path``, ``gold_sql`` (and ``schema``).
+    """Single-turn text-to-SQL over rows with ``question``, ``db_path``, a ``gold_sql`` or an ``answer``
+    (``envs.sql.answers``), and ``schema``.
 
     ``constrain_names``: each episode carries the engine a constraint
     (``envs.sql.schema_constraint.SchemaNames``) that keeps its reply to the tables and columns of its
@@ -79,9 +81,10 @@ class SqlEnv(ExecutionMatchEnv):
         # prefix opened the fence, the reply's first fence is the closing one, even on the query's own line.
         self.stop = ("```",) if "```" in response_prefix else ("\n```\n",)
 
-    def demonstration(self, task: Mapping[str, Any]) -> str:
-        """The ideal reply to ``task``: its gold query in a ```sql fence (what a warm start trains on)."""
-        return f"```sql\n{task['gold_sql']}\n```"
+    def demonstration(self, task: Mapping[str, Any]) -> str | None:
+        """The ideal reply to ``task``: its gold query in a ```sql fence (what a warm start trains on); None
+        for a task known only by its answer."""
+        return f"```sql\n{task['gold_sql']}\n```" if has_gold_sql(task) else None
 
     def start(self, task: Mapping[str, Any]) -> SqlEpisode:
         """Open an episode whose messages hold the schema and the question."""

@@ -161,6 +161,7 @@ class SftConfig(Settings):
             "use an integer >= 1, or null for trainer.micro_batch_size",
         ),
         ("anchor_coef", at_least(0), "use a number >= 0 (0: GRPO steps take no demonstrations)"),
+        ("eval_every", at_least(0), "use an integer >= 0 (0: score the warm start only at its end)"),
     )
 
     steps: int = 0  # 0: no warm start
@@ -175,6 +176,10 @@ class SftConfig(Settings):
     # > 0: every GRPO step adds this x the NLL of one batch of these demonstrations (sft.batch_size rows) to
     # its policy loss (PPO-ptx), so GRPO keeps what the warm start taught while the reward moves the policy
     anchor_coef: float = 0.0
+    # > 0: the held-out set is also scored every eval_every warm-start steps (points "sft" at those steps in
+    # summary.json's eval_history), so a supervised run shows where its score stops rising and which step
+    # scored best
+    eval_every: int = 0
 
 
 @dataclass

@@ -124,8 +124,9 @@ def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: S
         batch = to_rollout_batch(groups, advantages, parts.tokenizer.pad_token_id)  # 3. the batch
         stats = update(batch, step)  # 4. the clipped policy-gradient step on the LoRA weights
     with timer("sync"):  # 5. the new adapter into the engine
-        dp.check_replicas(lora_tensors(parts.model), parts.dist)
-        sync_stats = parts.engine.update_lora(lora_tensors(parts.model), version=grpo_version(step))
+        adapter = lora_tensors(parts.model)
+        dp.check_replicas(adapter, parts.dist)
+        sync_stats = parts.engine.update_lora(adapter, version=grpo_version(step, cfg.sft.steps))
     metrics = {  # 6. what the step did
         **reward_metrics(groups, rewards),
         **stats.as_dict(),

@@ -26,13 +26,20 @@ from rollout_engine import GroupResult, LLMEngine, SamplingParams
 from rollout_engine.sync_contract import SyncStats
 
 # The adapter versions a run pushes into its engine, each above the last: the model's as built (0), a
-# checkpoint's (1: checkpoint=...), the warm start's (2), and after GRPO step n, 2 + n.
-CHECKPOINT_VERSION, WARM_START_VERSION = 1, 2
+# checkpoint's (1: checkpoint=...), after warm-start step s 1 + s (pushed at its evaluation points and its
+# end), and after GRPO step n 1 + sft.steps + n.
+CHECKPOINT_VERSION = 1
 
 
-def grpo_version(step: int) -> int:
-    """The adapter version after GRPO step `step` (0: what GRPO starts from)."""
-    return WARM_START_VERSION + step
+def warm_start_version(step: int) -> int:
+    """The adapter version after warm-start step `step`."""
+    return CHECKPOINT_VERSION + step
+
+
+def grpo_version(step: int, sft_steps: int) -> int:
+    """The adapter version after GRPO step `step` of a run with `sft_steps` warm-start steps (0: what GRPO
+    starts from)."""
+    return warm_start_version(sft_steps) + step
 
 
 class RolloutEngine(Protocol):

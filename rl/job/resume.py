@@ -24,7 +24,7 @@ def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int |
         return None
     state = load_checkpoint(latest, parts.model, optimizer, scheduler)
     stream.restore(state.data_position)
-    parts.engine.update_lora(lora_tensors(parts.model), version=grpo_version(state.step))
+    parts.engine.update_lora(lora_tensors(parts.model), version=grpo_version(state.step, cfg.sft.steps))
     if parts.dist.is_main:
         print(f"resumed from {latest} at step {state.step}")
     return state.step

@@ -3,6 +3,7 @@ samples) and, before GRPO, the base model's evaluation and the supervised warm s
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from functools import partial
 
@@ -15,7 +16,7 @@ from rl.eval.evaluate import EvalResult, play_eval
 from rl.eval.pass_at_k import PassAtK, play_samples
 from rl.job import distributed as dp
 from rl.job.demos import demo_sampler
-from rl.job.parts import WARM_START_VERSION, Parts
+from rl.job.parts import Parts, warm_start_version
 from rl.job.sampling import sampling_params
 from rl.job.warm_start import warm_start
 from rl.report.logger import ProgressBars, RunLogger
@@ -110,21 +111,33 @@ def eval_point(
 
 
 def supervised_warm_start(
-    parts: Parts, cfg: DictConfig, logger: RunLogger | None, bars: ProgressBars
-) -> None:
+    parts: Parts, cfg: DictConfig, logger: RunLogger | None, bars: ProgressBars, timer: StepTimer
+) -> list[EvalPoint]:
     """sft.steps supervised steps on the env's demonstrations of training tasks, on the same LoRA adapter
     (its own AdamW); then the adapter is synced into the engine. Under torchrun the ranks share each epoch
-    of batches (`DemoSampler`) and DDP averages their gradients."""
+    of batches (`DemoSampler`) and DDP averages their gradients. With sft.eval_every = k the held-out set is
+    scored every k steps before the last (the adapter synced into the engine first); those points are
+    returned."""
     sampler = demo_sampler(parts, cfg)
     optimizer = build_optimizer(parts.model, cfg.sft.lr, weight_decay=cfg.trainer.weight_decay)
     scheduler = build_lr_scheduler(
         optimizer, cfg.sft.lr_schedule.value, cfg.sft.warmup_steps, num_training_steps=cfg.sft.steps
     )
+    evals = []
     with bars.bar(f"warm start on {sampler.num_demos} demonstrations", cfg.sft.steps, "step") as bar:
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}", refresh=False)
             bar.update()
+            every = cfg.sft.eval_every
+            if every and step % every == 0 and step != cfg.sft.steps:
+                parts.engine.update_lora(lora_tensors(parts.model), version=warm_start_version(step))
+                started = time.perf_counter()
+                evals.append(eval_point(parts, cfg, "sft", step, bars))
+                seconds = time.perf_counter() - started
+                timer.add("eval", seconds)
+                timer.add("sft", -seconds)  # the warm start's time is its steps'
+                metrics = {**metrics, **evals[-1].metrics()}
             if logger is not None:
                 logger.log_stage("sft", step, metrics)
 
@@ -140,7 +153,8 @@ def supervised_warm_start(
             scheduler,
         )
     dp.check_replicas(lora_tensors(parts.model), parts.dist)
-    parts.engine.update_lora(lora_tensors(parts.model), version=WARM_START_VERSION)
+    parts.engine.update_lora(lora_tensors(parts.model), version=warm_start_version(cfg.sft.steps))
+    return evals
 
 
 def stages_before_grpo(
@@ -160,7 +174,7 @@ def stages_before_grpo(
         if logger is not None:
             logger.log_stage(start[0], 0, evals[-1].metrics())
         with timer("sft"):
-            supervised_warm_start(parts, cfg, logger, bars)
+            evals += supervised_warm_start(parts, cfg, logger, bars, timer)
         with timer("eval"):
             evals.append(eval_point(parts, cfg, "sft", cfg.sft.steps, bars, transfer=True))
     if logger is not None:

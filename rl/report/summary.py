@@ -106,8 +106,11 @@ def run_summary(
     """The keys of ``summary.json``. ``grpo_start_accuracy`` is where GRPO began: after the warm start when
     there was one, else the base model, or the checkpoint the run started from (None for any of them when a
     resumed run did not see it; ``base_accuracy`` is None too when the run started from a checkpoint).
-    ``words`` are the env's names for its score and its held-out tasks."""
+    ``words`` are the env's names for its score and its held-out tasks. ``best_eval`` is the point that
+    scored highest (the earliest of a tie): where a run with intermediate points (sft.eval_every,
+    eval_every) should stop."""
     base = _base_result(points)
+    best = max(points, key=lambda p: p.result.accuracy)  # max keeps the first of equals
     grpo_start = _grpo_start(points)
     final = points[-1].result
     return {
@@ -117,6 +120,7 @@ def run_summary(
         "grpo_start_accuracy": grpo_start,
         "final_accuracy": final.accuracy,
         "final_ci95": list(final.ci95),
+        "best_eval": {"stage": best.stage, "step": best.step, "accuracy": best.result.accuracy},
         "num_eval_tasks": final.num_tasks,
         "seed": seed,
         "wall_s": wall_s,
@@ -203,6 +207,9 @@ def summary_text(summary: dict[str, Any], history: Sequence[dict[str, float]], t
             f"  {point['stage']:5} step {point['step']:4d}: {point['accuracy']:.3f} [{low:.3f}, {high:.3f}]"
             f"  reward {point['reward']:+.3f}"
         )
+    best = summary["best_eval"]
+    if len(evals) > 2:
+        lines.append(f"  best: {best['stage']} step {best['step']} ({best['accuracy']:.3f})")
     lines += _stage_accuracies(summary)
     for label in summary["by_label"]:
         lines += _label_table(summary, label)

@@ -146,7 +146,8 @@ def test_partial_credit_component_and_response_prefix(task):
     [
         ({"db_path": "/no/such/staff.sqlite"}, "db_path='/no/such/staff.sqlite' does not exist"),
         ({"question": None}, "the task's 'question' is None; it must be a non-empty string"),
-        ({"gold_sql": "  "}, "the task's 'gold_sql' is '  '; it must be a non-empty string"),
+        ({"gold_sql": "  "}, "has neither a 'gold_sql' nor an 'answer'"),
+        ({"gold_sql": "", "answer": ""}, "has neither a 'gold_sql' nor an 'answer'"),
     ],
 )
 def test_a_task_the_env_cannot_play_is_refused_before_any_reward(task, env_class, change, message):

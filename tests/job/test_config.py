@@ -85,6 +85,7 @@ def test_the_spider_experiment_trains_on_real_questions_with_a_long_warm_start_a
         "root": "/data/spider",
         "test_fraction": 0.1,
         "split_seed": 0,
+        "labelled_fraction": 1.0,
     }
     # an hour of warm start, no GRPO step: GRPO lost to the same time of supervised steps (bench/RESULTS.md)
     assert (spider.sft.steps, spider.num_steps, spider.eval_every) == (330, 0, 0)

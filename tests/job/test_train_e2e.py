@@ -334,6 +334,30 @@ def test_zero_grpo_steps_run_the_warm_start_alone_and_report_it_as_final(tmp_pat
     assert result.history == []
 
 
+def test_warm_start_eval_points_score_the_adapter_of_their_step(tmp_path):
+    # unconstrained and at a high rate, so the tiny model's replies move within a few steps
+    overrides = ["num_steps=0", "sft.batch_size=4", "sft.lr=0.05", SMALL_SQL]
+    overrides.append("env.args.constrain_names=false")
+    every = run(tmp_path / "a", *overrides, "sft.steps=4", "sft.eval_every=2")
+    assert [(p.stage, p.step) for p in every.evals] == [("base", 0), ("sft", 2), ("sft", 4)]
+    # a run stopped at step 2 trains the same adapter (same seed, same batches): its greedy replies are the
+    # intermediate point's, so that point scored the step-2 adapter, not the base model or the final one
+    run(tmp_path / "b", *overrides, "sft.steps=2")
+
+    def replies(run_dir, point):
+        return [r["completion"] for r in read_outcomes(run_dir / "evals" / f"held_out_{point}.jsonl")]
+
+    assert replies(tmp_path / "a", "sft_2") == replies(tmp_path / "b", "sft_2")
+    # and the three adapters answer differently, so the equality above could not hold for another one
+    assert replies(tmp_path / "a", "sft_2") != replies(tmp_path / "a", "base_0")
+    assert replies(tmp_path / "a", "sft_4") != replies(tmp_path / "a", "sft_2")
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    accuracies = [p["accuracy"] for p in summary["eval_history"]]
+    best = accuracies.index(max(accuracies))
+    point = summary["eval_history"][best]
+    assert summary["best_eval"] == {k: point[k] for k in ("stage", "step", "accuracy")}
+
+
 WARM = ["sft.steps=2", "sft.batch_size=4", SMALL_SQL]
 
 
