@@ -94,6 +94,7 @@ class AlgoConfig(LossConfig):
 
     RULES = (
         ("group_size", at_least(2), "use an integer >= 2 (GRPO compares the samples of a group)"),
+        ("oversample", at_least(1), "use a number >= 1 (1: each round plays only the groups it needs)"),
         *LossConfig.RULES,
     )
 
@@ -101,6 +102,9 @@ class AlgoConfig(LossConfig):
     estimator: Estimator = Estimator.grpo
     scale: AdvantageScale = AdvantageScale.group
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
+    # with dynamic_sampling, each round plays this many times the groups it still needs in one engine call
+    # (the extra groups cost batch rows, not a sequential round), keeping the first whose rewards differ
+    oversample: float = 1.0
     guidance: bool = False  # LUFFY: a group that all failed learns a demonstration (rl.job.guidance)
 
 

@@ -4,6 +4,8 @@ engine, and what the step did (its metrics)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from functools import partial
 
 from omegaconf import DictConfig, OmegaConf
@@ -59,20 +61,31 @@ def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler):
     return lambda batch, step: update(batch, anchor=demo_batch(sampler.batch_at(after + step - 1), pad, coef))
 
 
-def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: StepTimer):
+@dataclass(slots=True)
+class Collected:
+    groups: list  # the groups the step trains on
+    prompts: int  # prompts played for them on this rank, over all rounds (dynamic sampling's cost)
+    rounds: int  # engine calls made
+
+
+def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: StepTimer) -> Collected:
     """Play prompts_per_step GRPO groups. With DAPO dynamic sampling, groups whose rewards are all equal carry
-    no advantage signal: they are dropped and fresh prompts replace them (up to DYNAMIC_SAMPLING_ROUNDS
-    rounds; when none is kept, the last round's groups are used). A curriculum hears every played group's
-    successes (from all ranks), before algo.guidance puts demonstrations in the groups that all failed
-    (rl.job.guidance), which dynamic sampling then keeps."""
+    no advantage signal: they are dropped and fresh prompts replace them, in up to DYNAMIC_SAMPLING_ROUNDS
+    rounds; each round plays ceil(algo.oversample x the groups still needed) prompts in one engine call and
+    keeps the first whose rewards differ (when none is kept, the last round's groups are used). A curriculum
+    hears every played group's successes (from all ranks), before algo.guidance puts demonstrations in the
+    groups that all failed (rl.job.guidance), which dynamic sampling then keeps."""
 
     def timed_env_step(episodes, actions):
         with timer("env"):
             return step_episodes(episodes, actions, timeout_s=cfg.env.step_timeout_s)
 
-    kept = []
-    for round_ in range(DYNAMIC_SAMPLING_ROUNDS if cfg.algo.dynamic_sampling else 1):
-        tasks = dp.next_shard(stream, cfg.prompts_per_step - len(kept), parts.dist)
+    dynamic = cfg.algo.dynamic_sampling
+    kept, prompts, rounds = [], 0, 0
+    for round_ in range(DYNAMIC_SAMPLING_ROUNDS if dynamic else 1):
+        needed = cfg.prompts_per_step - len(kept)
+        count = math.ceil(needed * cfg.algo.oversample) if dynamic and needed else needed
+        tasks = dp.next_shard(stream, count, parts.dist)
         groups = [start_episodes(parts.env, [task] * cfg.algo.group_size) for task in tasks]
         played = play_groups(
             parts.engine,
@@ -83,6 +96,7 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
             cfg.rollout.max_completion_tokens,
             response_prefix=parts.env.response_prefix,
         )
+        prompts, rounds = prompts + len(tasks), rounds + 1
         outcomes = [
             (task, sum(succeeded(parts.env, t) for t in g), len(g))
             for task, g in zip(tasks, played, strict=True)
@@ -100,14 +114,14 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
                 max_completion_tokens=cfg.rollout.max_completion_tokens,
                 timeout_s=cfg.env.step_timeout_s,
             )
-        if cfg.algo.dynamic_sampling and played:
+        if dynamic and played:
             keep = filter_zero_std_groups(group_rewards(played)).tolist()
-            kept += [group for group, differs in zip(played, keep, strict=True) if differs]
+            kept += [group for group, differs in zip(played, keep, strict=True) if differs][:needed]
         else:
             kept += played
         if dp.all_ranks(len(kept) == cfg.prompts_per_step, parts.dist):
             break
-    return kept or played
+    return Collected(kept or played[: cfg.prompts_per_step], prompts, rounds)
 
 
 def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: StepTimer):
@@ -116,7 +130,8 @@ def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: S
     timer.begin_step()
     engine_before = parts.engine.stats()
     with timer("generate"):
-        groups = collect_groups(parts, cfg, stream, step, timer)  # 1. sample and play the groups
+        collected = collect_groups(parts, cfg, stream, step, timer)  # 1. sample and play the groups
+        groups = collected.groups
     timer.add("generate", -timer.last("env"))
     with timer("train"):
         rewards = group_rewards(groups)  # 2. rewards -> group-relative advantages
@@ -135,5 +150,7 @@ def grpo_step(parts: Parts, cfg: DictConfig, update, stream, step: int, timer: S
         **timer.metrics(),
         **memory_metrics(parts.engine),
         **stream.metrics(),
+        "dynamic_sampling/prompts": float(collected.prompts),
+        "dynamic_sampling/rounds": float(collected.rounds),
     }
     return metrics, groups

@@ -36,6 +36,7 @@ class VowelEpisode:
     max_turns = 1
 
     def __init__(self, task):
+        self.task = task
         self.messages = [{"role": "user", "content": task["question"]}]
 
     def step(self, action):

@@ -63,7 +63,7 @@ def option_overrides(compose_train, group, option):
 
 
 def test_long_preset_overrides_the_default_job(compose_train):
-    assert EXPERIMENTS == ["spider_sft", "sql_long"]
+    assert EXPERIMENTS == ["spider_answers", "spider_answers_sft", "spider_sft", "sql_long"]
     default = compose_train(["run_dir=/tmp/run"])
     long = compose_train(["+experiment=sql_long", "run_dir=/tmp/run"])
     assert (default.num_steps, long.num_steps) == (40, 120)
@@ -103,6 +103,21 @@ def test_the_spider_experiment_trains_on_real_questions_with_a_long_warm_start_a
     }
     unset = compose_train(["+experiment=spider_sft", "run_dir=/tmp/run"])
     assert OmegaConf.missing_keys(unset) == {"env.tasks.root"}  # the user's Spider folder is required
+
+
+def test_the_answers_recipe_and_its_control_see_the_same_questions_and_differ_in_grpo_alone(compose_train):
+    common = ["env.tasks.root=/data/spider", "run_dir=/tmp/run"]
+    grpo = compose_train(["+experiment=spider_answers", *common])
+    control = compose_train(["+experiment=spider_answers_sft", *common])
+    # the same labelled tenth, the same held-out questions scored the same way
+    assert grpo.env == control.env and grpo.env.tasks.labelled_fraction == 0.1
+    assert (grpo.env.args.partial_weight, grpo.env.args.error_penalty) == (0.0, 0.0)
+    assert grpo.rollout.max_tokens == control.rollout.max_tokens == 128
+    # the GRPO arm: a warm start on the labelled share, then GRPO anchored to it; the control: supervised
+    # steps alone, scored along the way so its best point can be read off
+    assert grpo.num_steps > 0 and grpo.sft.steps > 0 and grpo.sft.anchor_coef > 0 and grpo.algo.guidance
+    assert control.num_steps == 0 and control.sft.steps > grpo.sft.steps and control.sft.eval_every > 0
+    assert grpo.sft.lr == control.sft.lr and grpo.sft.batch_size == control.sft.batch_size
 
 
 # The SQL recipe as it stood in conf/train.yaml, where it applied to every env: the default job keeps it

@@ -26,7 +26,7 @@ from rl.sync.adapter import lora_tensors
 from rl.tasks.stream import TaskStream
 from rollout_engine import SamplingParams
 from tests.helpers.outcome_files import read_outcomes
-from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS, plugin_module
+from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS, VowelEnv, VowelEpisode, plugin_module
 from tests.helpers.train_runs import SMALL_SQL, compose_cfg
 
 # The metrics a training run must log: TRL's names plus the engine's own. "rewards/" stands for one metric per
@@ -37,6 +37,8 @@ METRIC_NAMES = (
     "reward_std",
     "frac_reward_zero_std",
     "informative_groups",
+    "dynamic_sampling/prompts",
+    "dynamic_sampling/rounds",
     "update_norm",
     "completions/mean_length",
     "completions/min_length",
@@ -114,6 +116,34 @@ def right_answer_tasks():
 
 
 RIGHT_ANSWER = plugin_module("e2e_right_answer_env", RightAnswerEnv, right_answer_tasks)
+
+
+class HalfFlatEnv(VowelEnv):
+    """Vowel shares as rewards for half the tasks, a constant reward for the other half: only the first
+    half's groups carry an advantage, and the task row says which half it is in."""
+
+    def start(self, task):
+        return HalfFlatEpisode(task)
+
+
+class HalfFlatEpisode(VowelEpisode):
+    def step(self, action):
+        if self.task["flat"]:
+            return StepResult(None, 0.5, True, rewards={"vowels": 0.5})
+        return super().step(action)
+
+
+def half_flat_tasks():
+    rows = [{"question": f"Say something about the number {i}.", "flat": i % 2 == 0} for i in range(40)]
+    return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
+
+
+HALF_FLAT = plugin_module("e2e_half_flat_env", HalfFlatEnv, half_flat_tasks)
+HALF_FLAT_ENV = [
+    "env=plugin",
+    "env.name=e2e_half_flat_env.HalfFlatEnv",
+    "env.tasks._target_=e2e_half_flat_env.half_flat_tasks",
+]
 
 
 def run(run_dir, *overrides):
@@ -215,7 +245,7 @@ def test_multi_turn_masks_observation_tokens_out_of_the_loss(tmp_path):
     parts = result.parts
     cfg = compose_cfg(tmp_path, *multi_turn)
     stream = TaskStream(parts.train_tasks, seed=1)
-    groups = collect_groups(parts, cfg, stream, step=9, timer=StepTimer())
+    groups = collect_groups(parts, cfg, stream, step=9, timer=StepTimer()).groups
     advantages = compute_advantages(group_rewards(groups), "grpo", "group")
     batch = to_rollout_batch(groups, advantages, parts.tokenizer.pad_token_id)
     flat = [t for g in groups for t in g]
@@ -235,10 +265,31 @@ def test_guidance_puts_a_demonstration_in_every_group_a_random_model_fails(tmp_p
     result = run(tmp_path, "num_steps=1", "algo.guidance=true", SMALL_SQL)
     assert result.history[0]["guidance/demonstrations"] == 2.0  # prompts_per_step, none solved
     cfg = compose_cfg(tmp_path, "algo.guidance=true", SMALL_SQL)
-    groups = collect_groups(result.parts, cfg, TaskStream(result.parts.train_tasks, seed=1), 9, StepTimer())
+    groups = collect_groups(
+        result.parts, cfg, TaskStream(result.parts.train_tasks, seed=1), 9, StepTimer()
+    ).groups
     for group in groups:
         assert [t.demonstration for t in group] == [False] * (len(group) - 1) + [True]
         assert [t.reward > 0.5 for t in group] == [False] * (len(group) - 1) + [True]
+
+
+@pytest.mark.parametrize("oversample", [1.0, 2.0])
+def test_dynamic_sampling_plays_oversample_times_the_missing_groups_a_round_and_keeps_those_that_differ(
+    tmp_path, oversample
+):
+    cfg = compose_cfg(tmp_path, *HALF_FLAT_ENV, "algo.dynamic_sampling=true", f"algo.oversample={oversample}")
+    parts = build_parts(cfg)
+    collected = collect_groups(parts, cfg, TaskStream(parts.train_tasks, seed=1), 1, StepTimer())
+    # the same draws by hand: a round takes ceil(oversample x the missing groups) tasks, and keeps the
+    # varied ones up to prompts_per_step (a random model's replies differ in their vowel shares)
+    order, kept, prompts, rounds = TaskStream(parts.train_tasks, seed=1), 0, 0, 0
+    while kept < cfg.prompts_per_step and rounds < 4:
+        tasks = order.next_batch(math.ceil((cfg.prompts_per_step - kept) * oversample))
+        kept = min(cfg.prompts_per_step, kept + sum(not task["flat"] for task in tasks))
+        prompts, rounds = prompts + len(tasks), rounds + 1
+    assert (collected.prompts, collected.rounds) == (prompts, rounds)
+    assert len(collected.groups) == cfg.prompts_per_step
+    assert all(len({t.reward for t in group}) > 1 for group in collected.groups)
 
 
 def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tmp_path):
