@@ -79,7 +79,7 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     )
     update = policy_update(parts, cfg, optimizer, scheduler)
     stream = task_stream(parts, cfg)
-    resumed_at = resume(cfg, parts, optimizer, scheduler, stream)  # None: a fresh run
+    resumed_at = resume(cfg, parts, optimizer, scheduler, stream, update)  # None: a fresh run
     start_step = resumed_at or 0
     logger = open_logger(cfg, start_step) if dist.is_main else None  # rank 0 alone logs and checkpoints
     bars = logger.bars if logger is not None else ProgressBars(enabled=False)
@@ -95,6 +95,7 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
             data_position=stream.position(),
             config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
             keep_last=cfg.keep_checkpoints,
+            reference=update.reference,
         )
 
     evals = []

@@ -21,6 +21,9 @@ from rl.settings import Settings, at_least, choice, choices, number, optional, p
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KLEstimator = choices("KLEstimator", KL_ESTIMATORS)
+# what the KL penalty is taken against: the base model (the adapter disabled), or the adapter as the GRPO
+# stage began (the warm start's end, or the checkpoint= the run started from)
+KLReference = choices("KLReference", ("base", "start"))
 PolicyLoss = choices("PolicyLoss", POLICY_LOSSES)
 ISMode = choices("ISMode", ("none", *IS_MODES))
 
@@ -78,8 +81,9 @@ class LossConfig(Settings):
     sapo_tau_pos: float = 1.0  # sapo: the gate's temperature where A > 0
     sapo_tau_neg: float = 1.05  # sapo: where A <= 0
     gspo: bool = False  # one length-normalised ratio per sequence
-    beta: float = 0.0  # weight of the KL penalty against the base model (the adapter disabled)
+    beta: float = 0.0  # weight of the KL penalty against kl_reference
     kl_estimator: KLEstimator = KLEstimator.k3
+    kl_reference: KLReference = KLReference.base
     num_iterations: int = 1  # optimizer steps over each batch (mu)
     # importance-sampling correction of the sampler's logprobs (rl.algo.importance)
     is_mode: ISMode = ISMode.none
@@ -90,6 +94,7 @@ class LossConfig(Settings):
         self.loss_type = choice(LossType, self.loss_type, "loss_type")
         self.policy_loss = choice(PolicyLoss, self.policy_loss, "policy_loss")
         self.kl_estimator = choice(KLEstimator, self.kl_estimator, "kl_estimator")
+        self.kl_reference = choice(KLReference, self.kl_reference, "kl_reference")
         self.is_mode = choice(ISMode, self.is_mode, "is_mode")
         refuse(self.problems(self))
 

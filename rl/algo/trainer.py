@@ -6,9 +6,10 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
+from peft import PeftModel
 from torch.nn.parallel import DistributedDataParallel
 
 from host.system import libc
@@ -19,6 +20,7 @@ from rl.algo.logprobs import token_logprobs, unwrap_ddp
 from rl.algo.losses import LossConfig, LossStats, compute_policy_loss
 from rl.algo.step_stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
 from rl.settings import Rule, at_least, check_args, optional, positive
+from rl.sync.adapter import adapter_weights
 
 # the trainer.* keys of a step's micro-batches and clipping (rl.config.schema.TrainerConfig), as train_step
 # takes them
@@ -46,10 +48,12 @@ def first_loss_position(batch: RolloutBatch) -> int:
     return max(1, int(batch.loss_mask[rows].float().argmax(dim=1).min().item()))
 
 
+@torch.no_grad()
 def batch_logprobs(
     model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Logprobs [B, T] of the batch's tokens under the model as it is now, computed in micro-batches."""
+    """Logprobs [B, T] of the batch's tokens under the model as it is now, computed in micro-batches, without
+    gradients (old and reference logprobs are constants of the loss)."""
     out = torch.zeros(batch.input_ids.shape, device=model_device(model))
     inner = unwrap_ddp(model)
     for start in range(0, batch.num_sequences, micro_batch_size):
@@ -67,16 +71,22 @@ def batch_logprobs(
 
 
 def reference_logprobs(
-    model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int, temperature: float = 1.0
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Logprobs [B, T] under the base model: the same peft model with its adapter disabled."""
+    """Logprobs [B, T] under the KL reference: the same peft model with its adapter disabled (the base model),
+    or, given `weights` (LoRA tensors named as `lora_tensors` names them), with those in its adapter."""
     peft_model = unwrap_ddp(model)
-    if not hasattr(peft_model, "disable_adapter"):
+    if not isinstance(peft_model, PeftModel):
         raise ValueError(
-            "beta > 0 takes the reference from the base model with the LoRA adapter disabled, but the model "
-            "is not a peft model; wrap it with peft.get_peft_model or set beta=0"
+            "beta > 0 takes the reference from the model's LoRA adapter (disabled, or holding the start's "
+            "weights), but the model is not a peft model; wrap it with peft.get_peft_model or set beta=0"
         )
-    with peft_model.disable_adapter():
+    reference = peft_model.disable_adapter() if weights is None else adapter_weights(peft_model, weights)
+    with reference:
         return batch_logprobs(peft_model, batch, micro_batch_size, temperature)
 
 
@@ -244,12 +254,15 @@ def train_step(
     temperature: float,
     max_completion_length: int | None = None,
     anchor: RolloutBatch | None = None,
+    reference: Mapping[str, torch.Tensor] | None = None,
 ) -> StepStats:
     """loss.num_iterations (mu) optimizer steps over `batch`, each accumulating gradients over micro-batches.
 
     Old logprobs are recomputed once (only when mu > 1 or loss.is_mode is set; otherwise the ratio is 1), and
-    the reference once when loss.beta > 0. A step whose loss or gradient is non-finite is skipped: no
-    optimizer or scheduler step, gradients cleared, counted in num_skipped_steps. Rows whose gradient is
+    the reference once when loss.beta > 0: the base model, or with loss.kl_reference "start" the adapter
+    weights `reference` (the LoRA tensors the GRPO stage began with, named as `lora_tensors` names them).
+    A step whose loss or gradient is non-finite is skipped: no optimizer or scheduler step, gradients
+    cleared, counted in num_skipped_steps. Rows whose gradient is
     exactly zero are not run (`rows_that_train`, counted in num_rows_skipped); the loss statistics and the
     sampler/trainer mismatch are then over the rows that ran. temperature: the sampling temperature;
     max_completion_length: the generation length limit (loss_type dr_grpo divides by it). anchor: rows
@@ -271,7 +284,12 @@ def train_step(
     old = None
     if loss.num_iterations > 1 or loss.is_mode != "none":
         old = batch_logprobs(model, batch, micro_batch_size, temperature)
-    ref = reference_logprobs(model, batch, micro_batch_size, temperature) if loss.beta > 0.0 else None
+    ref = None
+    if loss.beta > 0.0:
+        if loss.kl_reference.value == "start" and reference is None:
+            raise ValueError("kl_reference='start' needs the start's adapter weights: pass reference=")
+        weights = reference if loss.kl_reference.value == "start" else None
+        ref = reference_logprobs(model, batch, micro_batch_size, temperature, weights)
     correction = _is_correction(batch, old, loss)
     is_weights = None if correction is None else correction.weights
     params = [p for group in optimizer.param_groups for p in group["params"]]

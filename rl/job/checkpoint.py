@@ -4,7 +4,8 @@ position and the resolved config.
 Layout under ``RUN_DIR/checkpoints``::
 
     step_<N>/adapter/           adapter_config.json, adapter_model.safetensors (``PeftModel.from_pretrained``)
-    step_<N>/trainer_state.pt   optimizer, scheduler and RNG states
+    step_<N>/trainer_state.pt   optimizer, scheduler and RNG states; the KL reference's adapter weights
+                                under algo.kl_reference=start
     step_<N>/state.json         step and data position
     step_<N>/config.yaml        the resolved config
     latest                      the name of the newest checkpoint, replaced atomically
@@ -60,6 +61,7 @@ class ResumeState:
     data_position: dict[str, Any]
     config_yaml: str
     path: Path
+    reference: dict[str, torch.Tensor] | None = None  # the KL reference's LoRA tensors, when it kept one
 
 
 def checkpoint_dir(run_dir: str | os.PathLike, step: int) -> Path:
@@ -76,11 +78,13 @@ def save_checkpoint(
     data_position: Mapping[str, Any] | None = None,
     config_yaml: str = "",
     keep_last: int | None = None,
+    reference: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Atomically save ``step`` to ``RUN_DIR/checkpoints/step_<step>`` and point ``latest`` at it.
 
     ``data_position`` is a small JSON-serialisable dict (for example epoch, index and sampler seed) handed
-    back by ``load_checkpoint``. With ``keep_last=K`` only the K newest checkpoints are kept.
+    back by ``load_checkpoint``, and so is ``reference`` (the LoRA tensors a KL is taken against). With
+    ``keep_last=K`` only the K newest checkpoints are kept.
     """
     if not isinstance(model, PeftModel):
         raise TypeError(
@@ -96,6 +100,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": _rng_state(),
+        "reference": None if reference is None else {name: t.cpu() for name, t in reference.items()},
     }
     final = checkpoint_dir(run_dir, step)
     try:
@@ -229,6 +234,7 @@ def load_checkpoint(
         data_position=state["data_position"],
         config_yaml=(path / CONFIG).read_text(),
         path=path,
+        reference=trainer_state.get("reference"),
     )
 
 

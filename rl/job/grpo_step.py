@@ -5,13 +5,18 @@ engine, and what the step did (its metrics)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+from peft import PeftModel
 
 from envs import start_episodes, step_episodes
 from rl.algo.advantages import compute_advantages, filter_zero_std_groups
+from rl.algo.batch import RolloutBatch
+from rl.algo.step_stats import StepStats
 from rl.algo.trainer import train_step
 from rl.job import distributed as dp
 from rl.job.demos import demo_batch, demo_sampler
@@ -37,28 +42,51 @@ def task_stream(parts: Parts, cfg: DictConfig) -> TaskOrder:
     return Curriculum(parts.train_tasks, cfg.seed, c.pool_by, c.prior_strength, c.min_attempts, c.group_by)
 
 
-def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler):
+@dataclass
+class PolicyUpdate:
+    """The run's policy update, `update(batch, step)`: `step_fn` (train_step bound to everything but the
+    batch) with, at GRPO step s, `anchor(s)`'s demonstrations. With algo.beta > 0 and
+    algo.kl_reference=start it holds `reference`, the adapter weights the KL is taken against: those of
+    `model` at the first GRPO step (the warm start's end, or the checkpoint= the run began from), kept in
+    every checkpoint and given back by a resume."""
+
+    step_fn: Callable[..., StepStats]
+    anchor: Callable[[int], RolloutBatch] | None = None
+    model: PeftModel | None = None  # whose adapter becomes the reference; None: no start reference
+    reference: dict[str, torch.Tensor] | None = None
+
+    def __call__(self, batch: RolloutBatch, step: int) -> StepStats:
+        if self.model is not None and self.reference is None:
+            self.reference = {name: t.clone() for name, t in lora_tensors(self.model).items()}
+        anchor = None if self.anchor is None else self.anchor(step)
+        return self.step_fn(batch, anchor=anchor, reference=self.reference)
+
+
+def policy_update(parts: Parts, cfg: DictConfig, optimizer, scheduler) -> PolicyUpdate:
     """train_step bound to everything but the batch and the step: the model, its optimizer and LR schedule,
     the algo.* settings of the update (a LossConfig, checked once here), micro-batches and the sampling
     settings. With sft.anchor_coef > 0 each step's loss also takes that much of the NLL of a batch of the
     env's demonstrations, drawn by the step (`DemoSampler.batch_at`), so a resume draws the same."""
-    update = partial(
+    loss = OmegaConf.to_object(cfg.algo)
+    step_fn = partial(
         train_step,
         parts.train_model,
         optimizer,
         scheduler,
-        loss=OmegaConf.to_object(cfg.algo),
+        loss=loss,
         micro_batch_size=cfg.trainer.micro_batch_size,
         max_grad_norm=cfg.trainer.max_grad_norm,
         temperature=cfg.rollout.temperature,
         max_completion_length=cfg.rollout.max_completion_tokens,
     )
-    if cfg.sft.anchor_coef == 0.0:
-        return lambda batch, step: update(batch)
-    sampler = demo_sampler(parts, cfg)
-    pad, coef, after = parts.tokenizer.pad_token_id, cfg.sft.anchor_coef, cfg.sft.steps
-    # GRPO step s takes the batch after the warm start's sft.steps and the s - 1 before it
-    return lambda batch, step: update(batch, anchor=demo_batch(sampler.batch_at(after + step - 1), pad, coef))
+    keeps_start = loss.beta > 0.0 and loss.kl_reference.value == "start"
+    update = PolicyUpdate(step_fn, model=parts.model if keeps_start else None)
+    if cfg.sft.anchor_coef > 0.0:
+        sampler = demo_sampler(parts, cfg)
+        pad, coef, after = parts.tokenizer.pad_token_id, cfg.sft.anchor_coef, cfg.sft.steps
+        # GRPO step s takes the batch after the warm start's sft.steps and the s - 1 before it
+        update.anchor = lambda step: demo_batch(sampler.batch_at(after + step - 1), pad, coef)
+    return update
 
 
 @dataclass(slots=True)

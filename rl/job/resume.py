@@ -7,14 +7,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from rl.job import distributed as dp
 from rl.job.checkpoint import find_latest, load_checkpoint
+from rl.job.grpo_step import PolicyUpdate
 from rl.job.parts import Parts, grpo_version
 from rl.report.logger import RunLogger, SampleRow
 from rl.sync.adapter import lora_tensors
 
 
-def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int | None:
-    """With resume=true, load rank 0's latest checkpoint on every rank; returns the step it ended (0: the
-    warm start's), or None when the run starts afresh."""
+def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream, update: PolicyUpdate) -> int | None:
+    """With resume=true, load rank 0's latest checkpoint on every rank, the policy update's KL reference
+    included; returns the step it ended (0: the warm start's), or None when the run starts afresh."""
     latest = dp.broadcast_object(
         find_latest(cfg.run_dir) if cfg.resume and parts.dist.is_main else None, parts.dist
     )
@@ -24,6 +25,9 @@ def resume(cfg: DictConfig, parts: Parts, optimizer, scheduler, stream) -> int |
         return None
     state = load_checkpoint(latest, parts.model, optimizer, scheduler)
     stream.restore(state.data_position)
+    if state.reference is not None:
+        device = next(parts.model.parameters()).device
+        update.reference = {name: t.to(device) for name, t in state.reference.items()}
     parts.engine.update_lora(lora_tensors(parts.model), version=grpo_version(state.step, cfg.sft.steps))
     if parts.dist.is_main:
         print(f"resumed from {latest} at step {state.step}")

@@ -1,4 +1,4 @@
-"""peft LoRA setup and export of the LoRA tensors by name.
+"""peft LoRA setup, export of the LoRA tensors by name, and other weights put in for a while.
 
 Naming contract with the engine: a tensor's name is the HF module path of the base Linear layer (no peft
 prefix) plus ``.lora_A`` (``[r, in_features]``) or ``.lora_B`` (``[out_features, r]``), for example
@@ -7,7 +7,8 @@ prefix) plus ``.lora_A`` (``[r, in_features]``) or ``.lora_B`` (``[out_features,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import peft
@@ -127,3 +128,26 @@ def lora_tensors(peft_model: PeftModel) -> dict[str, torch.Tensor]:
         named[f"{path}.lora_A"] = layer.lora_A[adapter].weight.detach()  # [r, in_features]
         named[f"{path}.lora_B"] = layer.lora_B[adapter].weight.detach()  # [out_features, r]
     return named
+
+
+@contextlib.contextmanager
+def adapter_weights(peft_model: PeftModel, weights: Mapping[str, torch.Tensor]) -> Iterator[None]:
+    """The active adapter holds `weights` (named as `lora_tensors` names them) for the block, then its own
+    again; the parameters keep their identity and storage, so an optimizer or an engine holding them stays
+    valid. The KL reference of kl_reference=start runs this way."""
+    live = lora_tensors(peft_model)
+    if live.keys() != weights.keys():
+        missing, extra = sorted(live.keys() - weights.keys()), sorted(weights.keys() - live.keys())
+        raise ValueError(f"the weights do not fit the adapter: missing {missing[:3]}, unknown {extra[:3]}")
+    own = {name: tensor.clone() for name, tensor in live.items()}
+    try:
+        _copy_into(live, weights)
+        yield
+    finally:
+        _copy_into(live, own)
+
+
+@torch.no_grad()
+def _copy_into(live: dict[str, torch.Tensor], weights: Mapping[str, torch.Tensor]) -> None:
+    for name, tensor in live.items():
+        tensor.copy_(weights[name])

@@ -27,7 +27,7 @@ from rl.tasks.stream import TaskStream
 from rollout_engine import SamplingParams
 from tests.helpers.outcome_files import read_outcomes
 from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS, VowelEnv, VowelEpisode, plugin_module
-from tests.helpers.train_runs import SMALL_SQL, compose_cfg
+from tests.helpers.train_runs import SMALL_SQL, adapted_checkpoint, compose_cfg
 
 # The metrics a training run must log: TRL's names plus the engine's own. "rewards/" stands for one metric per
 # reward component (rewards/<component>); eval/accuracy is logged on evaluation steps only.
@@ -224,6 +224,23 @@ def test_resume_with_the_curriculum_gives_the_same_fourth_step_as_no_interruptio
     state = json.loads((tmp_path / "b" / "checkpoints" / "step_4" / "state.json").read_text())
     records = state["data_position"]["records"]
     assert sum(tries for _, tries in records.values()) == 4 * 2 * 4  # steps x prompts x samples
+
+
+KL_TO_START = ["algo.beta=0.1", "algo.kl_reference=start", *VOWELS]
+
+
+@pytest.mark.usefixtures("fixed_cpu_threads")
+def test_the_kl_to_the_start_is_taken_against_the_runs_first_adapter_and_a_resume_keeps_it(tmp_path):
+    start = f"checkpoint={adapted_checkpoint(tmp_path / 'start')}"  # an adapter far from the base model
+    straight = run(tmp_path / "a", "num_steps=3", start, *KL_TO_START)
+    assert straight.history[0]["kl"] == 0.0 < straight.history[2]["kl"]  # the first step is the start
+    to_base = run(tmp_path / "c", "num_steps=1", start, "algo.beta=0.1", *VOWELS)
+    assert to_base.history[0]["kl"] > 0.0
+    run(tmp_path / "b", "num_steps=2", start, *KL_TO_START)
+    resumed = run(tmp_path / "b", "num_steps=3", "resume=true", start, *KL_TO_START)
+    # without the checkpoint's reference, the resumed run would take step 2's adapter for the start: kl 0
+    assert resumed.history[0]["kl"] == straight.history[2]["kl"]
+    assert resumed.history[0]["policy_loss"] == straight.history[2]["policy_loss"]
 
 
 def test_default_sql_env_runs_a_step_and_scores_the_held_out_split(tmp_path):
@@ -496,11 +513,11 @@ def test_a_new_run_into_an_earlier_runs_directory_stops_before_the_model_loads(
 
 def test_resume_without_a_checkpoint_says_so_and_starts_at_step_0(tmp_path, capsys):
     parts = types.SimpleNamespace(dist=dp.SINGLE_PROCESS)
-    assert resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None) is None
+    assert resume(compose_cfg(tmp_path, "resume=true"), parts, None, None, None, None) is None
     assert f"resume=true, but {tmp_path} holds no complete checkpoint: training starts at step 0" in (
         capsys.readouterr().out
     )
-    assert resume(compose_cfg(tmp_path), parts, None, None, None) is None
+    assert resume(compose_cfg(tmp_path), parts, None, None, None, None) is None
     assert capsys.readouterr().out == ""  # no resume asked, nothing to say
 
 
