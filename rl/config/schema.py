@@ -31,6 +31,7 @@ from rl.algo.advantages import ESTIMATORS, SCALES
 from rl.algo.losses import LossConfig
 from rl.algo.optim import LR_RULE, SCHEDULES, WARMUP_STEPS_RULE, WEIGHT_DECAY_RULE
 from rl.algo.trainer import MAX_GRAD_NORM_RULE, MICRO_BATCH_SIZE_RULE
+from rl.job.export import ExportDType
 from rl.job.model_loading import DTYPES, MODEL_NAMES
 from rl.report.logger import LoggerConfig
 from rl.settings import Settings, at_least, choices, fraction, optional, positive
@@ -200,9 +201,12 @@ class EvalConfig(Settings):
 
 @dataclass
 class ExportConfig:
-    """mode=export: where the checkpoint's adapter, merged into the base model, is saved."""
+    """mode=export: where the checkpoint's adapter, merged into the base model, is saved, and its dtype."""
 
     dir: str | None = None  # a new (or empty) directory: a Hugging Face model that loads without peft
+    # the saved weights' dtype; the merge itself runs in fp32 whatever model.dtype says. float32 keeps the
+    # adapter's update whole; bfloat16, float16 or model (model.dtype's) round it, and a warning says how far
+    dtype: ExportDType = ExportDType.float32
 
 
 @dataclass

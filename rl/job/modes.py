@@ -1,7 +1,8 @@
 """The modes that run no training: mode=eval scores the base model or a checkpoint, mode=export merges a
 checkpoint's adapter into a plain Hugging Face model, and mode=serve runs the OpenAI-compatible server
-(serve/) over the engine of the model with a checkpoint's adapter, or of the base model, until Ctrl-C. The
-server stack (fastapi, uvicorn) is imported by mode=serve alone, so the other modes run without it."""
+(serve/) over the engine of the model with a checkpoint's adapter, or of the base model alone (no LoRA),
+until Ctrl-C. The server stack (fastapi, uvicorn) is imported by mode=serve alone, so the other modes run
+without it."""
 
 from __future__ import annotations
 
@@ -52,7 +53,10 @@ def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
 def export_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     """mode=export: the checkpoint's adapter merged into the base model, as a plain Hugging Face model."""
     check_config(cfg)
-    export_checkpoint(cfg.checkpoint, cfg.export.dir, *model_settings(cfg, dist), dist.world_size)
+    model_kwargs, lora_kwargs = model_settings(cfg, dist)
+    export_checkpoint(
+        cfg.checkpoint, cfg.export.dir, model_kwargs, lora_kwargs, dist.world_size, cfg.export.dtype.value
+    )
 
 
 def check_serving(cfg: DictConfig, dist: dp.DistInfo) -> None:
@@ -65,9 +69,9 @@ def check_serving(cfg: DictConfig, dist: dp.DistInfo) -> None:
 
 
 def serving_engine(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS):
-    """mode=serve's engine, tokenizer and model name: the model with cfg.checkpoint's adapter (the base model
-    without one)."""
-    model, tokenizer, engine = build_policy(cfg, dist)
+    """mode=serve's engine, tokenizer and model name: the model with cfg.checkpoint's adapter, or without one
+    the base model alone, with no LoRA in the engine's forward."""
+    model, tokenizer, engine = build_policy(cfg, dist, adapter=bool(cfg.checkpoint))
     if cfg.checkpoint:
         load_policy_checkpoint(cfg, model, engine)
     name = cfg.serve.model_name or cfg.model.path or cfg.model.name.value

@@ -135,11 +135,13 @@ def model_settings(cfg: DictConfig, dist: dp.DistInfo) -> tuple[dict, dict]:
     return model_kwargs, lora_kwargs
 
 
-def build_policy(cfg: DictConfig, dist: dp.DistInfo):
-    """The model with its LoRA adapter, its tokenizer, and the engine that samples it."""
+def build_policy(cfg: DictConfig, dist: dp.DistInfo, *, adapter: bool = True):
+    """The model with its LoRA adapter, its tokenizer, and the engine that samples it. adapter=False: the
+    base model alone, whose engine (in this process) runs no LoRA in its forward."""
     model_kwargs, lora_kwargs = model_settings(cfg, dist)
     model, tokenizer = load_model(**model_kwargs)
-    model = add_lora(model, **lora_kwargs)
+    if adapter:
+        model = add_lora(model, **lora_kwargs)
     engine = build_engine(model, tokenizer, cfg, model_kwargs, lora_kwargs, dist)
     return model, tokenizer, engine
 

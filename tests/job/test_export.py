@@ -1,11 +1,14 @@
 """mode=export: a checkpoint's LoRA merged into its base model loads with plain transformers and gives the
-logits of peft's base + adapter; its weights are W + scale * B A; the tokenizer and chat template come along;
+logits of peft's base + adapter, whatever model.dtype the export loads with (the merge runs in fp32 and the
+default export.dtype saves fp32); its weights are W + scale * B A; an explicit bf16 export holds that sum
+rounded once and warns how far the rounding moves the logits; the tokenizer and chat template come along;
 what cannot work is refused with one line, before the model loads where no model is needed."""
 
 import json
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
@@ -14,6 +17,7 @@ from rl.job import export
 from rl.job.checkpoint import ADAPTER, ADAPTER_WEIGHTS, save_checkpoint
 from rl.job.model_loading import load_model
 from rl.job.modes import export_only
+from rl.settings import ConfigError
 from rl.sync.adapter import add_lora
 from tests.helpers.train_runs import adapted_checkpoint, compose_cfg, peft_reference
 
@@ -38,8 +42,28 @@ def exported(checkpoint, tmp_path_factory):
     return out
 
 
-def test_the_export_loads_without_peft_and_gives_the_adapted_models_logits(exported, checkpoint):
-    merged = AutoModelForCausalLM.from_pretrained(exported)
+@pytest.fixture(scope="module")
+def exported_from_bf16(checkpoint, tmp_path_factory):
+    """The default export with the model loaded in bf16, as model.dtype=auto loads it on a CPU with native
+    bf16 (and on CUDA)."""
+    out = tmp_path_factory.mktemp("export_bf16") / "merged"
+    export_only(
+        export_cfg(out.parent, f"checkpoint={checkpoint}", f"export.dir={out}", "model.dtype=bfloat16")
+    )
+    return out
+
+
+def max_logit_diff(model, reference, sequences=SEQUENCES) -> float:
+    with torch.no_grad():
+        return max(
+            (model(torch.tensor([s])).logits.float() - reference(torch.tensor([s])).logits).abs().max().item()
+            for s in sequences
+        )
+
+
+@pytest.mark.parametrize("export_of", ["exported", "exported_from_bf16"])
+def test_the_export_loads_without_peft_and_gives_the_adapted_models_logits(export_of, checkpoint, request):
+    merged = AutoModelForCausalLM.from_pretrained(request.getfixturevalue(export_of))
     assert type(merged) is LlamaForCausalLM and merged.dtype == torch.float32
     reference = peft_reference(checkpoint)
     for sequence in SEQUENCES:
@@ -81,21 +105,37 @@ def test_the_export_is_a_plain_model_directory_with_the_tokenizer_and_its_chat_t
     assert [p.name for p in exported.parent.iterdir()] == [exported.name]  # no temporary directory left
 
 
-def test_a_bf16_export_holds_the_fp32_sum_rounded_once_to_bf16(checkpoint, tmp_path):
+@pytest.mark.parametrize(
+    "overrides", [["export.dtype=bfloat16"], ["export.dtype=model", "model.dtype=bfloat16"]]
+)
+def test_a_bf16_export_holds_the_fp32_sum_rounded_once_and_warns_how_far_it_moves_the_logits(
+    overrides, checkpoint, tmp_path, capsys
+):
     out = tmp_path / "bf16"
-    export_only(export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}", "model.dtype=bfloat16"))
+    setting = overrides[0]
+    with pytest.warns(RuntimeWarning, match=f"{setting} rounds the merged weights to bfloat16") as warned:
+        export_only(export_cfg(tmp_path, f"checkpoint={checkpoint}", f"export.dir={out}", *overrides))
+    assert f"as bfloat16 weights ({setting}), to {out}" in capsys.readouterr().out
     weights = load_file(out / "model.safetensors")
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
     adapter = load_file(checkpoint / ADAPTER / ADAPTER_WEIGHTS)
-    base, _ = load_model("tiny_llama", dtype="bfloat16", device="cpu")
-    w = dict(base.named_parameters())[f"{PROJECTION}.weight"].detach().float()
+    base, tokenizer = load_model("tiny_llama", dtype="float32", device="cpu")
+    w = dict(base.named_parameters())[f"{PROJECTION}.weight"].detach()
     delta = (
         2.0
         * adapter[f"base_model.model.{PROJECTION}.lora_B.weight"]
         @ adapter[f"base_model.model.{PROJECTION}.lora_A.weight"]
     )
     assert torch.equal(weights[f"{PROJECTION}.weight"], (w + delta).to(torch.bfloat16))
+    # the warning's number is the size of how far the saved model's logits of the probe sit from peft's base
+    # + adapter (bf16 arithmetic, whose rounding differs between attention kernels, moves its last digits)
+    (message,) = [str(record.message) for record in warned if "rounds the merged" in str(record.message)]
+    said = float(message.split("logits move by up to ")[1].split(" ")[0])
+    rounded, reference = AutoModelForCausalLM.from_pretrained(out), peft_reference(checkpoint)
+    probe = tokenizer(export.PROBE_TEXT).input_ids
+    assert 0.5 < said / max_logit_diff(rounded, reference, [probe]) < 2
+    assert max_logit_diff(rounded, reference) > 1e-3  # what the default export keeps, a bf16 one loses
 
 
 def error_line(cfg) -> str:
@@ -173,3 +213,36 @@ def test_an_adapter_that_makes_a_weight_non_finite_is_refused(tmp_path, monkeypa
     message = error_line(export_cfg(tmp_path, f"checkpoint={broken}", f"export.dir={out}"))
     assert f"non-finite values in 1 weights (for example {PROJECTION}.weight)" in message
     assert not out.exists()
+
+
+def test_an_unknown_export_dtype_is_refused_naming_the_key_and_its_choices(checkpoint, tmp_path, monkeypatch):
+    with pytest.raises(ConfigCompositionException) as composed:  # on the command line, as model.dtype=int8
+        export_cfg(tmp_path, "export.dtype=int8")
+    cause = str(composed.value.__cause__)
+    assert "expected one of [float32, bfloat16, float16, model]" in cause
+    assert "full_key: export.dtype" in cause
+    monkeypatch.setattr(export, "load_model", never_loaded)
+    model_kwargs = dict(name="tiny_llama", dtype="float32", device="cpu")
+    with pytest.raises(ConfigError) as refused:
+        export.export_checkpoint(str(checkpoint), str(tmp_path / "out"), model_kwargs, {}, dtype="int8")
+    assert str(refused.value) == (
+        "unknown export.dtype 'int8'; choose one of ('float32', 'bfloat16', 'float16', 'model')"
+    )
+
+
+def test_a_merged_weight_outside_float16s_range_is_refused(tmp_path, monkeypatch):
+    model = add_lora(load_model("tiny_llama", dtype="float32", device="cpu")[0])
+    with torch.no_grad():
+        dict(model.named_parameters())[f"base_model.model.{PROJECTION}.lora_B.default.weight"].fill_(1e6)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    large = save_checkpoint(tmp_path / "large_run", 1, model, optimizer)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    out = tmp_path / "out"
+    message = error_line(
+        export_cfg(tmp_path, f"checkpoint={large}", f"export.dir={out}", "export.dtype=float16")
+    )
+    assert (
+        f"export.dtype=float16: 1 merged weights (for example {PROJECTION}.weight) overflow float16"
+        in message
+    )
+    assert "use export.dtype=float32" in message and not out.exists()

@@ -1,6 +1,8 @@
 """`python train.py mode=serve checkpoint=...` serves the checkpoint's adapter (greedy replies are peft's
-greedy continuations, not the base model's) on the port it names, and stops cleanly on Ctrl-C; what cannot
-work is refused with one line before the model loads."""
+greedy continuations, not the base model's) on the port it names, and stops cleanly on Ctrl-C; without a
+checkpoint the engine holds no LoRA and replies as transformers' base model does, and a checkpoint exported
+(mode=export) and served as model=hf replies as its adapter, with no LoRA; what cannot work is refused with
+one line before the model loads."""
 
 import signal
 import socket
@@ -10,14 +12,16 @@ from pathlib import Path
 
 import openai
 import pytest
+import torch
 
 from rl.config.schema import register_configs
 from rl.job import distributed as dp
 from rl.job import modes
 from rl.job.model_loading import load_model
 from rl.settings import ConfigError
+from rollout_engine import SamplingParams
 from tests.helpers.ctrl_c import popen_interruptible
-from tests.helpers.live_server import hf_greedy
+from tests.helpers.live_server import LiveServer, hf_greedy, hf_log_softmax
 from tests.helpers.train_runs import adapted_checkpoint, compose_cfg, peft_reference
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,6 +84,43 @@ def test_the_command_serves_the_checkpoints_adapter_and_stops_on_ctrl_c(checkpoi
         base = hf_greedy(reference, PROMPT, 8, tokenizer.eos_token_id)
     assert adapted != base  # the adapter changes the reply, so the check below can fail
     assert reply.choices[0].text == tokenizer.decode(adapted, skip_special_tokens=True)
+
+
+def test_without_a_checkpoint_the_base_model_is_served_with_no_lora(serve_command, tmp_path):
+    engine, tokenizer, name = serve_command.serving_engine(serve_cfg(tmp_path))
+    assert engine.lora is None and engine.lora_buffers() == {}  # no LoRA term in any projection
+    server = LiveServer(engine, tokenizer, name)
+    try:
+        reply = server.client().completions.create(
+            model=name, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=1
+        )
+    finally:
+        server.close()
+    base, _ = load_model("tiny_llama", dtype="float32", device="cpu")
+    expected = hf_greedy(base, PROMPT, 8, tokenizer.eos_token_id)
+    assert reply.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+    distribution = hf_log_softmax(base, PROMPT, expected, 0.0)  # the whole distribution, not the argmax
+    logprobs = distribution.gather(1, torch.tensor(expected)[:, None]).squeeze(1)
+    torch.testing.assert_close(
+        torch.tensor(reply.choices[0].logprobs.token_logprobs), logprobs, atol=1e-4, rtol=0
+    )
+
+
+def test_an_export_is_served_without_lora_and_replies_as_the_adapter_does(
+    serve_command, checkpoint, tmp_path
+):
+    out = tmp_path / "merged"
+    serve_command.export_only(
+        compose_cfg(tmp_path / "run", "mode=export", f"checkpoint={checkpoint}", f"export.dir={out}")
+    )
+    engine, tokenizer, _ = serve_command.serving_engine(serve_cfg(tmp_path, "model=hf", f"model.path={out}"))
+    assert engine.lora is None
+    (group,) = engine.generate([PROMPT], SamplingParams(temperature=0, max_tokens=8))
+    reference = peft_reference(checkpoint)
+    adapted = hf_greedy(reference, PROMPT, 8, tokenizer.eos_token_id)
+    with reference.disable_adapter():
+        assert hf_greedy(reference, PROMPT, 8, tokenizer.eos_token_id) != adapted  # so the check can fail
+    assert group.samples[0].token_ids == adapted
 
 
 def test_serve_with_the_engine_in_another_process_is_refused(serve_command, tmp_path):
