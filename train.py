@@ -10,10 +10,11 @@ identical weights into its own engine, the held-out set is sharded over the rank
 (metrics combined over the ranks) and checkpoints. On CPU the ranks of a node split the engine's RAM budget.
 
 Reads top to bottom: build the parts from the config (rl/job/parts.py), score the base model and run the warm
-start (rl/job/stages.py), then take the GRPO steps (rl/job/grpo_step.py: sample groups with the engine, play
-them against the environment, turn rewards into advantages, take an optimisation step on the LoRA weights,
-hot-sync them into the engine), logging, checkpointing and evaluating between them. mode=eval and mode=export
-run from rl/job/modes.py, and so does mode=serve (its server is serve/).
+start (rl/job/stages.py), screen the curriculum's tasks when asked (rl/job/screen.py), then take the GRPO
+steps (rl/job/grpo_step.py: sample groups with the engine, play them against the environment, turn rewards
+into advantages, take an optimisation step on the LoRA weights, hot-sync them into the engine), logging,
+checkpointing and evaluating between them. mode=eval and mode=export run from rl/job/modes.py, and so does
+mode=serve (its server is serve/).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rl.job.model_loading import ModelLoadError
 from rl.job.modes import eval_only, export_only, serve_only
 from rl.job.parts import Parts, build_parts, load_policy_checkpoint
 from rl.job.resume import log_step, open_logger, resume
+from rl.job.screen import screen_tasks
 from rl.job.stages import eval_point, stages_before_grpo
 from rl.report.logger import ProgressBars
 from rl.report.metrics import StepTimer, combine_rank_metrics
@@ -101,6 +103,11 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     evals = []
     if resumed_at is None:
         evals = stages_before_grpo(parts, cfg, logger, bars, timer, start)
+        if cfg.curriculum.screen_tasks:  # the curriculum's first records, from the policy GRPO starts from
+            with timer("screen"):
+                screened = screen_tasks(parts, cfg, stream)
+            if logger is not None:
+                logger.log(0, screened)
         if logger is not None and cfg.sft.steps > 0 and cfg.checkpoint_every:
             save(0)  # the warm start's adapter, what GRPO starts from: step_0
     if logger is not None:

@@ -50,6 +50,12 @@ def config_problems(cfg: DictConfig) -> list[str]:
             f"curriculum.group_by={cfg.curriculum.group_by}: it shapes the curriculum's draws, which "
             "curriculum.enabled=false turns off; set curriculum.enabled=true, or curriculum.group_by=null"
         )
+    if cfg.curriculum.screen_tasks and not cfg.curriculum.enabled:
+        problems.append(
+            f"curriculum.screen_tasks={cfg.curriculum.screen_tasks}: the screen's outcomes are the "
+            "curriculum's first records, which curriculum.enabled=false turns off; set "
+            "curriculum.enabled=true, or curriculum.screen_tasks=0"
+        )
     return problems
 
 

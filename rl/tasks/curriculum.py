@@ -11,6 +11,11 @@ untried pools start at 0.5 (the highest weight: they are explored first), and a 
 against ``prior_strength`` pseudo-attempts at the pool's rate. Same seed and same outcomes give the same
 draws; ``position`` / ``restore`` make it resumable like ``rl.tasks.stream.TaskStream``.
 
+A task's own record starts at GRPO's first step unless the run screens (``screen_tasks``): before that step,
+a seeded draw of that many training tasks is sampled ``screen_samples`` times each (``rl.job.screen``), the
+outcomes are recorded, and the screened tasks that every sample solved or none did are dropped at once, so
+the steps spend their groups on tasks whose samples differ, and the pools start from measured rates.
+
 With ``group_by`` (e.g. ``db_id``), a batch is filled one group at a time: a group is drawn by the sum of
 its tasks' weights, then tasks within it by their own, and the next group only when it runs out. The
 prompts of one database then share its schema, which the engine's prefix cache and the trainer's shared
@@ -39,6 +44,8 @@ class CurriculumConfig(Settings):
     RULES = (
         ("prior_strength", at_least(0), "use a finite number >= 0"),
         ("min_attempts", at_least(1), "use an integer >= 1"),
+        ("screen_tasks", at_least(0), "use an integer >= 0 (0: no screen)"),
+        ("screen_samples", at_least(2), "use an integer >= 2 (one sample cannot tell a learnable task)"),
     )
 
     enabled: bool = False
@@ -47,6 +54,10 @@ class CurriculumConfig(Settings):
     min_attempts: int = 16  # a task all-passed or all-failed over this many attempts is skipped
     # task field whose tasks a batch draws together (db_id: one database's questions, which share a schema)
     group_by: str | None = None
+    # before GRPO's first step, this many training tasks are sampled screen_samples times each, and those
+    # all solved or all failed are dropped (0: no screen)
+    screen_tasks: int = 0
+    screen_samples: int = 4
 
 
 def task_key(task: Any) -> str:
@@ -88,6 +99,7 @@ class Curriculum:
             number = {name: i for i, name in enumerate(sorted(set(groups)))}
             self._group_of = torch.tensor([number[g] for g in groups])
         self.record_of: dict[str, list[int]] = {}  # task key -> [successes, attempts]
+        self.dropped: set[str] = set()  # keys of the tasks the screen found solved or hopeless
         self.draws = 0
 
     def pool_rates(self) -> dict[str, float]:
@@ -106,7 +118,7 @@ class Curriculum:
         out = torch.empty(len(self.tasks), dtype=torch.float64)
         for i, key in enumerate(self._keys):
             wins, tries = self.record_of.get(key, (0, 0))
-            if self._settled(wins, tries):
+            if key in self.dropped or self._settled(wins, tries):
                 out[i] = 0.0
                 continue
             p = (wins + prior * rates[self._pools[i]]) / (tries + prior) if tries + prior > 0 else 0.5
@@ -162,16 +174,36 @@ class Curriculum:
             entry[0] += int(wins)
             entry[1] += int(tries)
 
+    def screen(self, outcomes: Sequence[tuple[Any, int, int]]) -> tuple[int, int]:
+        """Record the screen's ``(task row, successes, attempts)`` and drop the tasks that every attempt
+        solved or none did; returns how many were (solved, hopeless)."""
+        self.record(outcomes)
+        solved = hopeless = 0
+        for task, wins, tries in outcomes:
+            key = task_key(task)
+            if key not in self._index or 0 < wins < tries:
+                continue
+            solved, hopeless = solved + (wins == tries), hopeless + (wins == 0)
+            self.dropped.add(key)
+        return solved, hopeless
+
     def metrics(self) -> dict[str, float]:
-        """The pools' pass rates (``curriculum/pass_rate/<pool>``) and how many tasks are skipped."""
+        """The pools' pass rates (``curriculum/pass_rate/<pool>``) and how many tasks are skipped (settled
+        by their record, or dropped by the screen)."""
         out = {
             f"curriculum/pass_rate/{pool or 'all'}": rate for pool, rate in sorted(self.pool_rates().items())
         }
-        out["curriculum/num_skipped"] = float(sum(self._settled(w, t) for w, t in self.record_of.values()))
+        settled = {key for key, (w, t) in self.record_of.items() if self._settled(w, t)}
+        out["curriculum/num_skipped"] = float(len(settled | self.dropped))
         return out
 
     def position(self) -> dict[str, Any]:
-        return {"seed": self.seed, "draws": self.draws, "records": self.record_of}
+        return {
+            "seed": self.seed,
+            "draws": self.draws,
+            "records": self.record_of,
+            "dropped": sorted(self.dropped),
+        }
 
     def restore(self, position: dict[str, Any]) -> None:
         if position.get("seed", self.seed) != self.seed or "records" not in position:
@@ -181,3 +213,4 @@ class Curriculum:
             )
         self.draws = int(position["draws"])
         self.record_of = {key: [int(w), int(t)] for key, (w, t) in position["records"].items()}
+        self.dropped = set(position.get("dropped", ()))

@@ -296,6 +296,11 @@ def test_every_bad_value_is_named_in_one_message(compose_train):
             "curriculum.group_by=db_id: it shapes the curriculum's draws, which curriculum.enabled=false "
             "turns off; set curriculum.enabled=true, or curriculum.group_by=null",
         ),
+        (
+            ["curriculum.enabled=true", "curriculum.screen_tasks=8", "curriculum.enabled=false"],
+            "curriculum.screen_tasks=8: the screen's outcomes are the curriculum's first records, which "
+            "curriculum.enabled=false turns off; set curriculum.enabled=true, or curriculum.screen_tasks=0",
+        ),
     ],
 )
 def test_keys_that_do_not_go_together_are_refused_before_the_model_loads(compose_train, overrides, line):

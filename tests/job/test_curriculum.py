@@ -106,3 +106,38 @@ def test_grouped_draws_move_to_another_database_when_one_runs_out():
 def test_grouping_by_a_field_the_tasks_lack_is_refused():
     with pytest.raises(ValueError, match=r"curriculum.group_by=database: no training task has a field"):
         Curriculum(TASKS, group_by="database")
+
+
+def test_the_screen_drops_the_tasks_every_sample_solved_or_none_did_and_seeds_the_pools_by_hand():
+    c = Curriculum(TASKS, pool_by=["family"], prior_strength=8.0, min_attempts=16)
+    assert c.screen([(TASKS[0], 4, 4), (TASKS[1], 0, 4), (TASKS[2], 2, 4)]) == (1, 1)
+    # fewer attempts than min_attempts, yet the screen drops tasks 0 and 1 at once
+    w = c.weights()
+    assert w[0] == 0 and w[1] == 0
+    # pool "easy" from the screen: (6 + 1) / (12 + 2) = 0.5; task 2: (2 + 8 * 0.5) / (4 + 8) = 0.5
+    assert c.pool_rates()["easy"] == pytest.approx(0.5)
+    assert w[2].item() == pytest.approx(0.25)
+    assert c.metrics()["curriculum/num_skipped"] == 2.0
+    for _ in range(20):
+        drawn = c.next_batch(3)
+        assert TASKS[0] not in drawn and TASKS[1] not in drawn
+
+
+def test_a_resume_keeps_what_the_screen_dropped_and_an_older_position_drops_nothing():
+    a = Curriculum(TASKS, seed=2)
+    a.screen([(TASKS[3], 0, 4), (TASKS[4], 1, 4)])
+    b = Curriculum(TASKS, seed=2)
+    b.restore(a.position())
+    assert torch.equal(b.weights(), a.weights()) and b.weights()[3] == 0
+    older = {key: value for key, value in a.position().items() if key != "dropped"}
+    c = Curriculum(TASKS, seed=2)
+    c.restore(older)
+    assert c.weights()[3] > 0  # 4 attempts alone do not settle a task (min_attempts=16)
+
+
+def test_screen_settings_out_of_range_are_refused():
+    bad = CurriculumConfig(screen_tasks=-1, screen_samples=1)
+    assert CurriculumConfig.problems(bad, "curriculum.") == [
+        "curriculum.screen_tasks=-1: use an integer >= 0 (0: no screen)",
+        "curriculum.screen_samples=1: use an integer >= 2 (one sample cannot tell a learnable task)",
+    ]

@@ -23,6 +23,7 @@ from rl.report.metrics import StepTimer
 from rl.rollout.play import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
 from rl.sync.adapter import lora_tensors
+from rl.tasks.curriculum import task_key
 from rl.tasks.stream import TaskStream
 from rollout_engine import SamplingParams
 from tests.helpers.outcome_files import read_outcomes
@@ -146,6 +147,39 @@ HALF_FLAT_ENV = [
 ]
 
 
+class ScreenEnv(VowelEnv):
+    """Three kinds of task: every reply solves a "solved" task, none solves a "hopeless" one, and a reply of
+    even length solves a "mixed" one (so a random model's samples of it differ, or by chance agree)."""
+
+    def start(self, task):
+        return ScreenEpisode(task)
+
+
+class ScreenEpisode(VowelEpisode):
+    def step(self, action):
+        kind = self.task["kind"]
+        solved = kind == "solved" or (kind == "mixed" and len(action) % 2 == 0)
+        return StepResult(None, float(solved), True)
+
+
+def screen_tasks():
+    kinds = ("solved", "hopeless", "mixed")
+    rows = [{"question": f"Say something about the number {i}.", "kind": kinds[i % 3]} for i in range(40)]
+    return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
+
+
+SCREEN = plugin_module("e2e_screen_env", ScreenEnv, screen_tasks)
+SCREEN_ENV = [
+    "env=plugin",
+    "env.name=e2e_screen_env.ScreenEnv",
+    "env.tasks._target_=e2e_screen_env.screen_tasks",
+]
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def run(run_dir, *overrides):
     cfg = compose_cfg(run_dir, *overrides)
     torch.manual_seed(cfg.seed)
@@ -167,7 +201,7 @@ def test_three_steps_train_the_adapter_and_log_every_metric(three_steps):
         t.abs().sum().item() for n, t in lora_tensors(result.parts.model).items() if n.endswith("lora_B")
     )
     assert b_norm > 0
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir)
     keys = set().union(*records)
     assert missing_metrics(keys) == []
     assert [r["step"] for r in records if "policy_loss" in r] == [1, 2, 3]
@@ -241,6 +275,27 @@ def test_the_kl_to_the_start_is_taken_against_the_runs_first_adapter_and_a_resum
     # without the checkpoint's reference, the resumed run would take step 2's adapter for the start: kl 0
     assert resumed.history[0]["kl"] == straight.history[2]["kl"]
     assert resumed.history[0]["policy_loss"] == straight.history[2]["policy_loss"]
+
+
+@pytest.mark.usefixtures("fixed_cpu_threads")
+def test_the_screen_drops_the_tasks_its_samples_all_solved_or_all_failed_before_the_first_step(tmp_path):
+    screen = ["curriculum.enabled=true", "curriculum.screen_tasks=32", "curriculum.screen_samples=4"]
+    run(tmp_path, "num_steps=1", *screen, *SCREEN_ENV)
+    state = json.loads((tmp_path / "checkpoints" / "step_1" / "state.json").read_text())
+    records, dropped = state["data_position"]["records"], set(state["data_position"]["dropped"])
+    rows = list(screen_tasks()["train"])
+    keys = {
+        kind: {task_key(r) for r in rows if r["kind"] == kind} for kind in ("solved", "hopeless", "mixed")
+    }
+    assert keys["solved"] | keys["hopeless"] <= dropped  # the 22 tasks no sample can tell apart
+    for key in keys["mixed"]:  # dropped exactly when its screen's four samples agreed; never drawn then
+        wins, tries = records[key]
+        assert (key in dropped) == (wins in (0, tries)) and (key not in dropped or tries == 4)
+    assert sum(tries for _, tries in records.values()) == 32 * 4 + 2 * 4  # the screen, then one step
+    (logged,) = [m for m in read_metrics(tmp_path) if "curriculum/screen_tasks" in m]
+    assert logged["curriculum/screen_tasks"] == 32.0
+    assert logged["curriculum/screen_kept"] == 32 - len(dropped)
+    assert logged["curriculum/screen_solved"] >= 11 and logged["curriculum/screen_hopeless"] >= 11
 
 
 def test_default_sql_env_runs_a_step_and_scores_the_held_out_split(tmp_path):
@@ -321,7 +376,7 @@ def test_warm_start_then_curriculum_grpo_writes_every_stage_into_the_summary(tmp
     assert summary["final_accuracy"] == result.evals[-1].result.accuracy
     assert (summary["num_eval_tasks"], summary["seed"], summary["sft_steps"]) == (4, 0, 3)
     assert set(summary["by_label"]) == {"family", "difficulty", "db_id"} and summary["wall_s"] > 0
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path)
     assert [r["step"] for r in records if r.get("stage") == "sft" and "sft/nll" in r] == [1, 2, 3]
     assert all(math.isfinite(r["sft/nll"]) for r in records if "sft/nll" in r)
     # the anchor's demonstrations join each GRPO step's loss
