@@ -2,8 +2,9 @@
 POST /v1/chat/completions, whole or streamed as server-sent events (`stream: true`, ending `data: [DONE]`).
 
 Every request is checked on the event loop before it reaches the engine (a refusal is an HTTP 400 naming the
-field), then handed to the engine loop's thread, which batches it with whatever else is running; its tokens
-come back after every step and go out as soon as their text is final.
+field, or OpenAI's 404 `model_not_found` for a model not served here), then handed to the engine loop's
+thread, which batches it with whatever else is running; its tokens come back after every step and go out as
+soon as their text is final.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from functools import partial
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 from transformers import PreTrainedTokenizerBase
 
 from rollout_engine import LLMEngine, SamplingParams, TokenOutput
@@ -101,9 +103,8 @@ class Server:
 
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
-            raise RequestError(
-                "model", f"model {model!r} is not served here; this server serves {self.model_name!r}"
-            )
+            message = f"model {model!r} is not served here; this server serves {self.model_name!r}"
+            raise RequestError("model", message, status=404, code="model_not_found")
 
     def _check_prompts(self, prompts, params: SamplingParams, param: str, names: dict[str, str]) -> None:
         for prompt in prompts:
@@ -200,9 +201,9 @@ def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-def _error(status: int, param: str | None, message: str) -> dict:
-    kind = "invalid_request_error" if status == 400 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def _error(status: int, param: str | None, message: str, code: str | None = None) -> dict:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 async def _unless_disconnected(request: Request, work):
@@ -221,6 +222,8 @@ async def _body(request: Request) -> object:
         return await request.json()
     except ValueError:
         raise RequestError(None, "the request body is not valid JSON") from None
+    except RecursionError:  # json's parser recurses once per level of nesting
+        raise RequestError(None, "the request body nests too deeply to read as JSON") from None
 
 
 def build_app(engine: LLMEngine, tokenizer: PreTrainedTokenizerBase, model_name: str) -> FastAPI:
@@ -237,7 +240,12 @@ def build_app(engine: LLMEngine, tokenizer: PreTrainedTokenizerBase, model_name:
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, err: RequestError) -> JSONResponse:
-        return JSONResponse(_error(400, err.param, str(err)), status_code=400)
+        return JSONResponse(_error(err.status, err.param, str(err), err.code), status_code=err.status)
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, err: ClientDisconnect) -> Response:
+        # the client hung up before its body was in; nobody reads this reply (499: nginx's "client closed")
+        return Response(status_code=499)
 
     @app.exception_handler(RuntimeError)
     async def failed(request: Request, err: RuntimeError) -> JSONResponse:

@@ -1,7 +1,8 @@
 """The OpenAI request bodies this server takes, and what the engine needs from them: token-id prompts and
 SamplingParams. Anything it cannot honour is a RequestError naming the field (an HTTP 400 in OpenAI's error
-shape), never a silent default: a wrong type, a value out of range (the engine's own SamplingParams rules), an
-unknown field, or an OpenAI option at anything but its neutral value (`echo`, the penalties, `logit_bias`).
+shape; 404 for a model not served here), never a silent default: a wrong type, a value out of range (the
+engine's own SamplingParams rules), an unknown field, or an OpenAI option at anything but its neutral value
+(`echo`, the penalties, `logit_bias`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ _SHAPES = {
 
 
 class RequestError(ValueError):
-    """A request this server refuses: `param` names the field, the message says what it takes."""
+    """A request this server refuses: `param` names the field, the message says what it takes. `status` is
+    the HTTP status (400; 404 for a model not served here, as OpenAI answers) and `code` OpenAI's error code
+    where it has one (`model_not_found`)."""
 
-    def __init__(self, param: str | None, message: str) -> None:
+    def __init__(self, param: str | None, message: str, status: int = 400, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.status = status
+        self.code = code
 
 
 class _Strict(BaseModel):

@@ -1,7 +1,8 @@
 """The server through the official `openai` client: greedy replies are transformers' greedy continuations,
 n samples differ and repeat with their seed, logprobs are transformers' log-softmax of the sampled tokens,
-stop strings cut the text, a stream adds up to the whole reply, concurrent requests share engine steps, and a
-bad request is a 400 naming its field while the server goes on serving."""
+stop strings cut the text, a stream adds up to the whole reply, concurrent requests share engine steps, a bad
+request is a 400 naming its field while the server goes on serving, and an unknown model is OpenAI's 404
+`model_not_found`."""
 
 import threading
 import time
@@ -256,7 +257,6 @@ BAD_COMPLETIONS = [
     (dict(logprobs=21), "logprobs"),
     (dict(stop=[""]), "stop"),
     (dict(stop=3), "stop"),
-    (dict(model="gpt-4"), "model"),
     (dict(prompt=LONG_PROMPT), "prompt"),
     (dict(prompt=[]), "prompt"),
     (dict(prompt=[1, 10**9]), "prompt"),
@@ -291,6 +291,16 @@ def test_a_bad_request_is_a_400_naming_the_field_and_the_server_goes_on(client, 
     reply = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0)
     reference = hf_greedy(model, tokenizer.encode(PROMPTS[0]), 4, tokenizer.eos_token_id)
     assert reply.choices[0].text == expected_text(tokenizer, reference)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_an_unknown_model_is_a_404_model_not_found_as_openai_answers(client, chat):
+    create = client.chat.completions.create if chat else client.completions.create
+    prompt = {"messages": MESSAGES} if chat else {"prompt": "Hi"}
+    with pytest.raises(openai.NotFoundError) as err:
+        create(model="gpt-4", max_tokens=4, **prompt)
+    assert (err.value.code, err.value.param) == ("model_not_found", "model")
+    assert f"this server serves {MODEL!r}" in err.value.message
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]"])
