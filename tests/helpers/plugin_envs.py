@@ -44,17 +44,24 @@ class VowelEpisode:
         return StepResult(None, share, True, rewards={"vowels": share})
 
 
-def vowel_tasks():
-    rows = [{"question": f"Say something about the number {i}."} for i in range(40)]
+def numbered_tasks(fields=lambda i: {}):
+    """40 questions about the numbers 0-39, each row with `fields(i)` too: 32 to train on, 8 held out."""
+    rows = [{"question": f"Say something about the number {i}.", **fields(i)} for i in range(40)]
     return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
 
 
+def vowel_tasks():
+    return numbered_tasks()
+
+
+def plugin_overrides(module: types.ModuleType, env: type, tasks) -> list[str]:
+    """The overrides that train on `env` with `tasks` from the plugin module `module`."""
+    name = module.__name__
+    return ["env=plugin", f"env.name={name}.{env.__name__}", f"env.tasks._target_={name}.{tasks.__name__}"]
+
+
 VOWEL_PLUGIN = plugin_module("e2e_vowel_env", VowelEnv, vowel_tasks)
-VOWELS = [
-    "env=plugin",
-    "env.name=e2e_vowel_env.VowelEnv",
-    "env.tasks._target_=e2e_vowel_env.vowel_tasks",
-]
+VOWELS = plugin_overrides(VOWEL_PLUGIN, VowelEnv, vowel_tasks)
 FAMILIES, DATABASES = ("filter", "join"), ("pets", "concert", "shop")
 
 

@@ -27,7 +27,15 @@ from rl.tasks.curriculum import task_key
 from rl.tasks.stream import TaskStream
 from rollout_engine import SamplingParams
 from tests.helpers.outcome_files import read_outcomes
-from tests.helpers.plugin_envs import VOWEL_PLUGIN, VOWELS, VowelEnv, VowelEpisode, plugin_module
+from tests.helpers.plugin_envs import (
+    VOWEL_PLUGIN,
+    VOWELS,
+    VowelEnv,
+    VowelEpisode,
+    numbered_tasks,
+    plugin_module,
+    plugin_overrides,
+)
 from tests.helpers.train_runs import SMALL_SQL, adapted_checkpoint, compose_cfg
 
 # The metrics a training run must log: TRL's names plus the engine's own. "rewards/" stands for one metric per
@@ -135,16 +143,11 @@ class HalfFlatEpisode(VowelEpisode):
 
 
 def half_flat_tasks():
-    rows = [{"question": f"Say something about the number {i}.", "flat": i % 2 == 0} for i in range(40)]
-    return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
+    return numbered_tasks(lambda i: {"flat": i % 2 == 0})
 
 
 HALF_FLAT = plugin_module("e2e_half_flat_env", HalfFlatEnv, half_flat_tasks)
-HALF_FLAT_ENV = [
-    "env=plugin",
-    "env.name=e2e_half_flat_env.HalfFlatEnv",
-    "env.tasks._target_=e2e_half_flat_env.half_flat_tasks",
-]
+HALF_FLAT_ENV = plugin_overrides(HALF_FLAT, HalfFlatEnv, half_flat_tasks)
 
 
 class ScreenEnv(VowelEnv):
@@ -163,17 +166,11 @@ class ScreenEpisode(VowelEpisode):
 
 
 def screen_tasks():
-    kinds = ("solved", "hopeless", "mixed")
-    rows = [{"question": f"Say something about the number {i}.", "kind": kinds[i % 3]} for i in range(40)]
-    return DatasetDict(train=Dataset.from_list(rows[:32]), test=Dataset.from_list(rows[32:]))
+    return numbered_tasks(lambda i: {"kind": ("solved", "hopeless", "mixed")[i % 3]})
 
 
 SCREEN = plugin_module("e2e_screen_env", ScreenEnv, screen_tasks)
-SCREEN_ENV = [
-    "env=plugin",
-    "env.name=e2e_screen_env.ScreenEnv",
-    "env.tasks._target_=e2e_screen_env.screen_tasks",
-]
+SCREEN_ENV = plugin_overrides(SCREEN, ScreenEnv, screen_tasks)
 
 
 def read_metrics(run_dir):
