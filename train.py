@@ -104,8 +104,7 @@ def train(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> RunResult:
     if resumed_at is None:
         evals = stages_before_grpo(parts, cfg, logger, bars, timer, start)
         if cfg.curriculum.screen_tasks:  # the curriculum's first records, from the policy GRPO starts from
-            with timer("screen"):
-                screened = screen_tasks(parts, cfg, stream)
+            screened = screen_tasks(parts, cfg, stream, timer)
             if logger is not None:
                 logger.log(0, screened)
         if logger is not None and cfg.sft.steps > 0 and cfg.checkpoint_every:

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rl.job.atomic_files import fsync_dir, fsync_tree, owner, remove_partial_saves
 from rl.job.checkpoint import check_checkpoint, load_checkpoint
-from rl.job.model_loading import DTYPES, load_model, resolve_device, resolve_dtype
+from rl.job.model_loading import DTYPES, dtype_name, load_model, resolve_device, resolve_dtype
 from rl.settings import ConfigError, choice, choices
 from rl.sync.adapter import add_lora
 
@@ -73,10 +73,6 @@ def export_dtype(setting: str, model_dtype: str, device: str) -> torch.dtype:
     if setting == "model":
         return resolve_dtype(model_dtype, resolve_device(device)).dtype
     return DTYPES[setting]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def check_export(checkpoint: str | None, export_dir: str | None) -> Path:

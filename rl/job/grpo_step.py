@@ -24,7 +24,7 @@ from rl.job.guidance import guide_failed_groups
 from rl.job.parts import Parts, grpo_version
 from rl.job.sampling import sampling_params
 from rl.report.metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
-from rl.rollout.play import group_rewards, play_groups, succeeded, to_rollout_batch
+from rl.rollout.play import group_outcomes, group_rewards, play_groups, to_rollout_batch
 from rl.sync.adapter import lora_tensors
 from rl.tasks import TaskOrder
 from rl.tasks.curriculum import Curriculum
@@ -125,10 +125,7 @@ def collect_groups(parts: Parts, cfg: DictConfig, stream, step: int, timer: Step
             response_prefix=parts.env.response_prefix,
         )
         prompts, rounds = prompts + len(tasks), rounds + 1
-        outcomes = [
-            (task, sum(succeeded(parts.env, t) for t in g), len(g))
-            for task, g in zip(tasks, played, strict=True)
-        ]
+        outcomes = group_outcomes(parts.env, tasks, played)
         stream.record([o for rank in dp.gather_objects(outcomes, parts.dist) for o in rank])
         if cfg.algo.guidance:
             played = guide_failed_groups(

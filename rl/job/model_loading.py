@@ -70,6 +70,11 @@ class DTypeChoice(NamedTuple):
     reason: str
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The config's name of a torch dtype: torch.bfloat16 -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_device(device: str = "auto") -> torch.device:
     """`auto` is the current CUDA device when there is one, else the CPU; a CUDA device this machine does
     not have is refused."""
@@ -133,7 +138,7 @@ def load_model(
     """Load `(model, tokenizer)` for a model config name; the model is in eval mode on `device`."""
     torch_device = resolve_device(device)
     torch_dtype, reason = resolve_dtype(dtype, torch_device)
-    logger.info(f"dtype {dtype} -> {str(torch_dtype).removeprefix('torch.')}: {reason}")
+    logger.info(f"dtype {dtype} -> {dtype_name(torch_dtype)}: {reason}")
     if name == "smollm2_135m":
         model_dir = smollm2_checkpoint_dir()
         model, tokenizer = _load_checkpoint(str(model_dir), torch_dtype)

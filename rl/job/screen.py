@@ -7,7 +7,6 @@ GRPO step plays."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
@@ -17,17 +16,31 @@ from envs import start_episodes, step_episodes
 from rl.job import distributed as dp
 from rl.job.parts import Parts
 from rl.job.sampling import sampling_params
-from rl.rollout.play import play_groups, succeeded
+from rl.report.metrics import StepTimer
+from rl.rollout.play import group_outcomes, play_groups
 from rl.seeding import derive_seed
 from rl.tasks.curriculum import Curriculum
 
 SCREEN_DRAW = 999_983  # the seed index of the screen's draw of tasks (below rl.seeding.SEED_STRIDE)
 
 
-def screen_tasks(parts: Parts, cfg: DictConfig, curriculum: Curriculum) -> dict[str, float]:
+def screen_tasks(parts: Parts, cfg: DictConfig, curriculum: Curriculum, timer: StepTimer) -> dict[str, float]:
     """Sample the screen's tasks (this rank plays every world_size-th), record every rank's outcomes in the
-    curriculum, drop the settled tasks, and return what it found: curriculum/screen_* counts and seconds."""
-    started = time.perf_counter()
+    curriculum, drop the settled tasks, and return what it found: curriculum/screen_* counts and seconds
+    (the timer's "screen" phase)."""
+    with timer("screen"):
+        solved, hopeless, screened = _screen(parts, cfg, curriculum)
+    return {
+        "curriculum/screen_tasks": float(screened),
+        "curriculum/screen_solved": float(solved),
+        "curriculum/screen_hopeless": float(hopeless),
+        "curriculum/screen_kept": float(screened - solved - hopeless),
+        "curriculum/screen_seconds": timer.last("screen"),
+    }
+
+
+def _screen(parts: Parts, cfg: DictConfig, curriculum: Curriculum) -> tuple[int, int, int]:
+    """(solved, hopeless, screened) tasks of the screen, its outcomes recorded in the curriculum."""
     c, env = cfg.curriculum, parts.env
     generator = torch.Generator().manual_seed(derive_seed(cfg.seed, SCREEN_DRAW))
     order = torch.randperm(len(parts.train_tasks), generator=generator)[: c.screen_tasks].tolist()
@@ -45,16 +58,6 @@ def screen_tasks(parts: Parts, cfg: DictConfig, curriculum: Curriculum) -> dict[
             cfg.rollout.max_completion_tokens,
             response_prefix=env.response_prefix,
         )
-        outcomes += [
-            (task, sum(succeeded(env, t) for t in group), len(group))
-            for task, group in zip(tasks, played, strict=True)
-        ]
+        outcomes += group_outcomes(env, tasks, played)
     everyone = [outcome for rank in dp.gather_objects(outcomes, parts.dist) for outcome in rank]
-    solved, hopeless = curriculum.screen(everyone)
-    return {
-        "curriculum/screen_tasks": float(len(everyone)),
-        "curriculum/screen_solved": float(solved),
-        "curriculum/screen_hopeless": float(hopeless),
-        "curriculum/screen_kept": float(len(everyone) - solved - hopeless),
-        "curriculum/screen_seconds": time.perf_counter() - started,
-    }
+    return (*curriculum.screen(everyone), len(everyone))

@@ -179,6 +179,11 @@ def succeeded(env: Any, trajectory: Trajectory) -> bool:
     return all(map(math.isfinite, values)) and env.is_success(trajectory)
 
 
+def group_outcomes(env: Any, tasks: Sequence[Any], played: Sequence[Sequence[Trajectory]]) -> list[tuple]:
+    """(task row, successes, attempts) of each task's played group: what a task order records."""
+    return [(task, sum(succeeded(env, t) for t in g), len(g)) for task, g in zip(tasks, played, strict=True)]
+
+
 def group_rewards(groups: Sequence[Sequence[Trajectory]]) -> torch.Tensor:
     """The episodes' rewards [num_prompts, G]."""
     return torch.tensor([[t.reward for t in group] for group in groups], dtype=torch.float32)

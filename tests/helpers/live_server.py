@@ -1,5 +1,6 @@
 """A live server on a free localhost port over a tiny random Llama with the default model's tokenizer, for
-the official `openai` client, and the transformers references its replies are checked against."""
+the official `openai` client; the transformers references its replies are checked against, the prompts the
+tests send, and a stream's chunks gathered per choice."""
 
 import threading
 import time
@@ -15,6 +16,7 @@ from tests.helpers import tiny_models
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 128
+PROMPTS = ["The capital of France is", "SELECT name FROM users WHERE", "Once upon a time", "def main():"]
 
 
 def tiny_model(vocab_size: int) -> torch.nn.Module:
@@ -81,3 +83,24 @@ def hf_log_softmax(model, prompt: list[int], completion: list[int], temperature:
 
 def chat_ids(tokenizer, messages) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+
+
+def expected_text(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def collect_stream(chunks, chat: bool):
+    """The text, finish reason and logprob entries per choice index, and the usage chunk's usage."""
+    texts, reasons, logprobs, usage = {}, {}, {}, None
+    for chunk in chunks:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            piece = choice.delta.content if chat else choice.text
+            texts[choice.index] = texts.get(choice.index, "") + (piece or "")
+            if choice.finish_reason is not None:
+                reasons[choice.index] = choice.finish_reason
+            if choice.logprobs is not None:
+                entries = choice.logprobs.content if chat else choice.logprobs.token_logprobs
+                logprobs.setdefault(choice.index, []).extend(entries)
+    return texts, reasons, logprobs, usage

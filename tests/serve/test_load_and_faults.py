@@ -18,8 +18,17 @@ import openai
 import pytest
 
 from rollout_engine import SamplingParams
-from tests.helpers.live_server import MAX_MODEL_LEN, MODEL, LiveServer, chat_ids, hf_greedy, tiny_engine
-from tests.serve.test_openai_server import PROMPTS, collect_stream, expected_text
+from tests.helpers.live_server import (
+    MAX_MODEL_LEN,
+    MODEL,
+    PROMPTS,
+    LiveServer,
+    chat_ids,
+    collect_stream,
+    expected_text,
+    hf_greedy,
+    tiny_engine,
+)
 
 HANG_S = 60  # a request unanswered after this long has hung: a timeout that detects hangs, not a timing
 NUM_GOOD = 24

@@ -16,19 +16,17 @@ from rollout_engine import SamplingParams, StepOutput
 from tests.helpers.live_server import (
     MAX_MODEL_LEN,
     MODEL,
+    PROMPTS,
     LiveServer,
     chat_ids,
+    collect_stream,
+    expected_text,
     hf_greedy,
     hf_log_softmax,
     tiny_engine,
 )
 
-PROMPTS = ["The capital of France is", "SELECT name FROM users WHERE", "Once upon a time", "def main():"]
 MESSAGES = [{"role": "system", "content": "Answer in SQL."}, {"role": "user", "content": "How many pets?"}]
-
-
-def expected_text(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def test_models_lists_the_one_served_model(client):
@@ -156,23 +154,6 @@ def test_a_stop_string_cuts_the_text_before_it(client):
         chunks = list(reply) if stream else [reply]
         assert "".join(c.choices[0].text for c in chunks) == text[:start]
         assert chunks[-1].choices[0].finish_reason == "stop"
-
-
-def collect_stream(chunks, chat: bool):
-    """The text, finish reason and logprob entries per choice index, and the usage chunk's usage."""
-    texts, reasons, logprobs, usage = {}, {}, {}, None
-    for chunk in chunks:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            piece = choice.delta.content if chat else choice.text
-            texts[choice.index] = texts.get(choice.index, "") + (piece or "")
-            if choice.finish_reason is not None:
-                reasons[choice.index] = choice.finish_reason
-            if choice.logprobs is not None:
-                entries = choice.logprobs.content if chat else choice.logprobs.token_logprobs
-                logprobs.setdefault(choice.index, []).extend(entries)
-    return texts, reasons, logprobs, usage
 
 
 def test_a_completion_stream_adds_up_to_the_whole_reply(client):
