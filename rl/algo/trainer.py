@@ -18,6 +18,7 @@ from rl.algo.batch import RolloutBatch
 from rl.algo.importance import ISCorrection, importance_weights
 from rl.algo.logprobs import token_logprobs, unwrap_ddp
 from rl.algo.losses import LossConfig, LossStats, compute_policy_loss
+from rl.algo.micro_batches import micro_batch_slices
 from rl.algo.step_stats import CompletionStats, StepStats, combine_loss_stats, mean_loss_stats
 from rl.settings import Rule, at_least, check_args, optional, positive
 from rl.sync.adapter import adapter_weights
@@ -52,14 +53,14 @@ def first_loss_position(batch: RolloutBatch) -> int:
 def batch_logprobs(
     model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Logprobs [B, T] of the batch's tokens under the model as it is now, computed in micro-batches, without
-    gradients (old and reference logprobs are constants of the loss)."""
+    """Logprobs [B, T] of the batch's tokens under the model as it is now, computed in micro-batches
+    (`micro_batch_slices`), without gradients (old and reference logprobs are constants of the loss)."""
     out = torch.zeros(batch.input_ids.shape, device=model_device(model))
     inner = unwrap_ddp(model)
-    for start in range(0, batch.num_sequences, micro_batch_size):
-        mb = batch.rows(start, start + micro_batch_size, model_device(model))
+    for rows in micro_batch_slices(batch, micro_batch_size):
+        mb = batch.rows(rows.start, rows.stop, model_device(model))
         width = mb.input_ids.size(1)
-        out[start : start + mb.num_sequences, :width] = token_logprobs(
+        out[rows, :width] = token_logprobs(
             inner,
             mb.input_ids,
             mb.attention_mask,
@@ -123,22 +124,23 @@ def accumulate_gradients(
     [num_sequences, num_tokens] the loss is normalised by (`_per_rank_counts`), when `batch` holds only the
     rows of a larger batch that train (`rows_that_train`); by default those of `batch`.
 
-    Each micro-batch's `compute_policy_loss` is weighed by the loss type's aggregation
+    The micro-batches are `micro_batch_slices`, following the rows' shared prompts where the loss type's rows
+    add up. Each micro-batch's `compute_policy_loss` is weighed by the loss type's aggregation
     (`rl.algo.aggregation`). Without old_logprobs the ratio is 1 (the current logprobs, detached). [B, T]
     inputs follow `rl.algo.batch`. Under DDP, gradients sync once, on the last micro-batch; stats stay per
     rank.
     """
-    weigh = aggregation(loss.loss_type, max_completion_length).weight
+    aggregated = aggregation(loss.loss_type, max_completion_length)
     device = model_device(model)
     num_tokens = batch.loss_mask.sum().to(device)
     if counts is None:
         counts = _per_rank_counts(model, batch, device)
-    starts = range(0, batch.num_sequences, micro_batch_size)
+    slices = micro_batch_slices(batch, micro_batch_size, follow_prompts=aggregated.rows_add_up)
     parts = []
-    for i, start in enumerate(starts):
-        mb = batch.rows(start, start + micro_batch_size, device)
-        rows, width = slice(start, start + mb.num_sequences), mb.input_ids.size(1)
-        last = i == len(starts) - 1
+    for i, rows in enumerate(slices):
+        mb = batch.rows(rows.start, rows.stop, device)
+        width = mb.input_ids.size(1)
+        last = i == len(slices) - 1
         no_sync = getattr(model, "no_sync", None)
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
             out = token_logprobs(
@@ -164,7 +166,7 @@ def accumulate_gradients(
                 is_weights=None if is_weights is None else is_weights[rows, :width],
                 entropy=out.entropy,
             )
-            weight = weigh(mb.loss_mask, counts, len(starts))
+            weight = aggregated.weight(mb.loss_mask, counts, len(slices))
             (mb_loss * weight).backward()
         parts.append((stats, weight))
     return combine_loss_stats(parts, num_tokens)
