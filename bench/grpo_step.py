@@ -56,9 +56,14 @@ BENCH_OVERRIDES = [
 ]
 
 
-def job_config(overrides: list[str], run_dir: str):
+def grpo_steps_config(overrides: list[str], run_dir: str):
+    """The job under `overrides` with only its GRPO steps (BENCH_OVERRIDES), run in `run_dir`."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[*BENCH_OVERRIDES, *overrides, f"run_dir={run_dir}"])
+        return compose("train", overrides=[*BENCH_OVERRIDES, *overrides, f"run_dir={run_dir}"])
+
+
+def job_config(overrides: list[str], run_dir: str):
+    cfg = grpo_steps_config(overrides, run_dir)
     a = cfg.algo
     if a.estimator.value != "grpo" or a.gspo or a.dynamic_sampling or a.is_mode.value != "none":
         sys.exit(
