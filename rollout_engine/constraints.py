@@ -141,6 +141,48 @@ def _unmet(seq: Sequence, stats: ConstraintStats) -> None:
         seq.params = dataclasses.replace(seq.params, constraint=None)
 
 
+TAIL_TOKENS = 4  # the last tokens of a completion a candidate is decoded after (a character spans <= 4 bytes)
+
+
+def decoder(tokenizer):
+    """(decode(ids) -> text without special tokens, whether a token appends to a completion's text what it
+    appends to its tail's). Decoding is local unless the tokenizer cleans up spaces, a rewrite that can reach
+    back past any tail; a fast tokenizer that does not decodes in its Rust backend alone, as transformers
+    would."""
+    cleans = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not cleans:
+        return lambda ids: backend.decode(ids, skip_special_tokens=True), True
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True), not cleans
+
+
+class CompletionText:
+    """A completion's text, and the text it has with one more token, decoded as a whole completion would be.
+
+    The completion is decoded once; a candidate is decoded after the completion's last TAIL_TOKENS tokens
+    only, and what it appends to the tail's text is what it appends to the completion's, where the tail's
+    text is a prefix of the tail's with it and no character is left half-written (a byte-level token may hold
+    part of one; then, and for a tokenizer whose decoding is not local, the whole completion is decoded with
+    it)."""
+
+    def __init__(self, decode, local: bool, completion: list[int]) -> None:
+        self.decode, self.completion = decode, completion
+        self.text = decode(completion)
+        self.tail = completion[-TAIL_TOKENS:] if local else None
+        self.tail_text = decode(self.tail) if local else ""
+
+    @property
+    def start(self) -> int:
+        return len(self.text)
+
+    def after(self, token: int) -> str:
+        if self.tail is not None:
+            text = self.decode([*self.tail, token])
+            if text.startswith(self.tail_text) and not text.endswith("\ufffd"):
+                return self.text + text[len(self.tail_text) :]
+        return self.decode([*self.completion, token])
+
+
 @dataclass(slots=True)
 class _Verdicts:
     """The constraints' verdicts of one step, asked once per (constraint, completion, token): the rows of a
@@ -149,20 +191,23 @@ class _Verdicts:
     tokenizer: object
     stats: ConstraintStats
     seen: dict[tuple, dict[int, bool]] = field(default_factory=dict)
+    decoder: tuple = ()
+
+    def __post_init__(self) -> None:
+        self.decoder = decoder(self.tokenizer)
 
     def judge(self, seq: Sequence):
         """`accepts(token)` for the sequence's constraint after its completion so far."""
         constraint, completion = seq.params.constraint, seq.completion_token_ids
         known = self.seen.setdefault((id(constraint), tuple(completion)), {})
-        start = None
+        text = None
 
         def accepts(token: int) -> bool:
-            nonlocal start
+            nonlocal text
             if token not in known:
-                if start is None:
-                    start = len(self.tokenizer.decode(completion, skip_special_tokens=True))
-                text = self.tokenizer.decode(completion + [token], skip_special_tokens=True)
-                known[token] = constraint.accepts(text, start)
+                if text is None:
+                    text = CompletionText(*self.decoder, completion)
+                known[token] = constraint.accepts(text.after(token), text.start)
                 self.stats.checked += 1
                 self.stats.vetoed += not known[token]
             return known[token]

@@ -64,6 +64,8 @@ SQL_TAGS = (re.compile(r"<(?:sql|answer)>", re.IGNORECASE), ("</sql>", "</answer
 # A block that is checked: it starts with SELECT, or with what may still become it.
 _SELECT_START = re.compile(r"\s*(?:select\b|s(?:e(?:l(?:e(?:c(?:t)?)?)?)?)?\Z|\Z)", re.IGNORECASE)
 _ANY = None  # the columns of a subquery in FROM: not checked
+_LOOKAHEAD = 3  # the most characters _LEXEME reads past a lexeme's end ("1" of "1e+5" waits on "e+5")
+_MAX_SETTLED = 32  # the starts of queries one constraint keeps what reading them left (a group's rows)
 
 
 @lru_cache(maxsize=256)
@@ -91,10 +93,16 @@ class SchemaNames:
         self.names = names
         self.lead = lead
         self.opening, self.closings = block
+        self.closing_starts = frozenset(c[:i] for c in self.closings for i in range(1, len(c)))
         self.columns = frozenset().union(*names.values()) | _ROWID
         self.words = _KEYWORDS | _FUNCTIONS | self.columns | frozenset(names)
         self.starts = _starts(self.words)  # every start of a word, for the word still being written
         self.column_starts = {columns: _starts(columns) for columns in names.values()}  # by a table's columns
+        # What reading the settled starts of recent queries left (`_Reader.read`), the latest used last.
+        self._settled: dict[str, _Reader] = {}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_settled": {}}  # what was read stays with this process
 
     def accepts(self, text: str, start: int) -> bool:
         """Whether the reply `text` breaks no rule (module docstring) at or after its character `start`."""
@@ -109,12 +117,27 @@ class SchemaNames:
             cut, size = min(closed)
             sql, end_at = rest[:cut], cut + size
         else:
-            sql, end_at = _unclosed(rest, self.closings), None
+            sql, end_at = _unclosed(rest, self.closing_starts), None
         if not _SELECT_START.match(sql):
             return True
-        reader = _Reader(self, len(self.lead) + start - opening.end())
-        reader.read(sql, end_at)
-        return not reader.violation
+        reader = self._resumed(sql)
+        settled = reader.read(sql, end_at)
+        if settled is not None and settled[0] not in self._settled:
+            if len(self._settled) >= _MAX_SETTLED:
+                del self._settled[next(iter(self._settled))]
+            self._settled[settled[0]] = settled[1]
+        padding = max((run.end() for run in _LONG_SPACE.finditer(sql)), default=-1)  # no way around a veto
+        return max(reader.last_fail, padding) <= len(self.lead) + start - opening.end()
+
+    def _resumed(self, sql: str) -> _Reader:
+        """A reader of `sql` that starts where reading a recent start of it left off (a row's own latest
+        one, in the engine, which asks about a row's candidates one after another)."""
+        for text, reader in reversed(self._settled.items()):
+            if sql.startswith(text):
+                if text != next(reversed(self._settled)):
+                    self._settled[text] = self._settled.pop(text)
+                return reader.copy()
+        return _Reader(self)
 
 
 def _starts(words: frozenset[str]) -> frozenset[str]:
@@ -125,11 +148,11 @@ def _starts(words: frozenset[str]) -> frozenset[str]:
 _STATIC_STARTS = _starts(_KEYWORDS | _FUNCTIONS | _ROWID)
 
 
-def _unclosed(sql: str, closings: tuple[str, ...]) -> str:
-    """The query of a block not closed yet, less an end that may be the start of its closing."""
-    lowered = sql.lower()
-    for size in range(max(map(len, closings)) - 1, 0, -1):
-        if any(closing.startswith(lowered[-size:]) for closing in closings if len(lowered) >= size):
+def _unclosed(sql: str, closing_starts: frozenset[str]) -> str:
+    """The query of a block not closed yet, less an end that may be the start of its closing (one of
+    `closing_starts`, lower-case)."""
+    for size in range(min(len(sql), max(map(len, closing_starts), default=0)), 0, -1):
+        if sql[-size:].lower() in closing_starts:
             return sql[:-size]
     return sql
 
@@ -152,19 +175,46 @@ class _Query:
     def before_from(self) -> bool:
         return self.clause == "select"
 
+    def copy(self) -> _Query:
+        return _Query(
+            self.depth,
+            self.clause,
+            dict(self.tables),
+            self.num_tables,
+            list(self.pending),
+            {qualifier: set(columns) for qualifier, columns in self.pending_qualified.items()},
+            self.expects,
+            self.last_name,
+            self.last_columns,
+        )
+
 
 class _Reader:
-    """Reads a query's lexemes in order and notes whether a violation shows after character `start`."""
+    """Reads a query's lexemes in order and notes the furthest character where a violation shows.
 
-    def __init__(self, schema: SchemaNames, start: int) -> None:
+    A lexeme followed by _LOOKAHEAD characters more is settled: no text written after them changes it (the
+    lexer looks at most that far past a lexeme, for a number's exponent), and a lexeme is read with the one
+    after it, so what reading a query's settled lexemes but its last leaves depends on its text that far only.
+    `read` hands that state back, and the next text that starts the same way resumes from it."""
+
+    def __init__(self, schema: SchemaNames) -> None:
         self.schema = schema
         self.names, self.columns, self.words = schema.names, schema.columns, schema.words
-        self.start = start
         self.queries = [_Query(depth=0)]
         self.defined: set[str] = set()  # aliases of tables and of result columns, once given
         self.depth = 0
         self.after_as = False
-        self.violation = False
+        self.last_fail = -1  # the most characters a text has when a violation read so far shows
+        self.text = ""  # the text what was read depends on
+        self.pos = 0  # where the lexemes not read yet start
+        self.behind: list[tuple[str, str, int, str]] = []  # the last two lexemes read, looked back at
+
+    def copy(self) -> _Reader:
+        reader = _Reader.__new__(_Reader)
+        reader.__dict__.update(self.__dict__)
+        reader.queries = [query.copy() for query in self.queries]
+        reader.defined = set(self.defined)
+        return reader
 
     @property
     def query(self) -> _Query:
@@ -173,17 +223,25 @@ class _Reader:
     def fail(self, at: int) -> None:
         """A violation that shows once the text has `at` characters (a word's shows with the character after
         it, which completes it; the end of the query's, and its last word's, with its closing)."""
-        if at > self.start:
-            self.violation = True
+        if at > self.last_fail:
+            self.last_fail = at
 
-    def read(self, sql: str, end_at: int | None) -> None:
-        """Read the query `sql`; `end_at`: where its closing ends, None while the block is open."""
+    def read(self, sql: str, end_at: int | None) -> tuple[str, _Reader] | None:
+        """Read the query `sql` from where this reader left off; `end_at`: where its closing ends, None while
+        the block is open. Returns the text its newly settled lexemes depend on and the reader's state after
+        them, or None when no lexeme settled."""
         complete = end_at is not None
-        for run in _LONG_SPACE.finditer(sql):  # padding is no way around a veto
-            self.fail(run.end())
-        lexemes = [(m.lastgroup, m.group(), m.end()) for m in _LEXEME.finditer(sql)]
-        names = [text.strip("`[]").lower() for _, text, _ in lexemes]
-        for i, (kind, text, end) in enumerate(lexemes):
+        read = len(self.behind)
+        lexemes = self.behind + [
+            (m.lastgroup, m.group(), m.end(), m.group().strip("`[]").lower())
+            for m in _LEXEME.finditer(sql, self.pos)
+        ]
+        last = len(lexemes) - 2  # the last lexeme that may settle: it and the one after it are whole
+        while last >= read and lexemes[last + 1][2] + _LOOKAHEAD > len(sql):
+            last -= 1
+        settled = None
+        for i in range(read, len(lexemes)):
+            kind, text, end, name = lexemes[i]
             if kind == "punct":
                 self.punct(text, end)
             elif kind in ("word", "quoted"):
@@ -192,21 +250,25 @@ class _Reader:
                 following = lexemes[i + 1] if i + 1 < len(lexemes) else None
                 partial = end == len(sql) and not complete
                 at = end if partial else (end_at if end == len(sql) else end + 1)
-                name = names[i]
                 if name in _FUNCTIONS and sql[end : end + 1].isspace():
                     partial = following is None and not complete
                     at = len(sql) if partial else (following[2] if following else end_at)
                 if i >= 2 and lexemes[i - 1][1] == "." and lexemes[i - 2][0] in ("word", "quoted"):
-                    self.column_of(names[i - 2], name, at, partial)
+                    self.column_of(lexemes[i - 2][3], name, at, partial)
                 elif following and following[1] == ".":
                     self.qualifier(name, following[2])
                 else:
                     self.word(name, at, partial, call=bool(following) and following[1] == "(")
+            if i == last:
+                settled = self.copy()
+                settled.text = sql[: lexemes[i + 1][2] + _LOOKAHEAD]
+                settled.pos, settled.behind = end, lexemes[max(0, i - 1) : i + 1]
         if complete:
             while len(self.queries) > 1:
                 self.close_from(self.query, end_at)
                 self.queries.pop()
             self.close_from(self.query, end_at)
+        return None if settled is None else (settled.text, settled)
 
     # scopes
 

@@ -1,7 +1,9 @@
 """envs.sql.schema_constraint: the schema constraint on SQL replies, checked against what SQLite says of each
 query."""
 
+import copy
 import pickle
+import random
 import sqlite3
 
 import pytest
@@ -186,3 +188,37 @@ def test_the_multi_turn_env_constrains_every_turn_and_the_prefix_only_on_the_fir
     assert later.accepts("<answer>SELECT grade FROM list</answer>", 38)
     assert not later.accepts("<answer>SELECT grade FROM teachers</answer>", 42)
     assert later.accepts("The grades are known now.", 24)  # prose: the reply holds no query
+
+
+GROWN = [
+    *VALID,
+    *WRONG_NAMES,
+    "SELECT grade FROM list WHERE grade > 1e+5 OR grade < .5e-3",
+    "SELECT lastname FROM teachers WHERE lastname = 'O''Neil' AND firstname != ''",
+    "SELECT count (*) ,  max (grade) FROM list",
+    'SELECT "lastname" ,  [grade] FROM list WHERE `classroom` = 1',
+    "SELECT T2.grade FROM list AS T2 WHERE T2.grade IN (SELECT grade FROM list AS T3 WHERE T3.grz = 1)",
+    "SELECT grade FROM list    WHERE grade = 1",
+    "SELECT max grade FROM list",  # a function's name without its "(": wrong where the next word ends
+]
+
+
+def test_a_reply_read_on_from_its_earlier_texts_gets_the_verdicts_a_fresh_reading_gives(db):
+    """The engine asks one constraint about a reply's text again and again as it grows, and about each
+    candidate that may follow it: each verdict equals that of a constraint reading the text for the first
+    time (copy.copy keeps nothing read), for replies grown in chunks of 1-6 characters with every other
+    reply's next chunk tried beside the true one."""
+    rng = random.Random(0)
+    rule = SchemaNames(schema_names(db), LEAD)
+    for reply in GROWN:
+        text, cut = reply[len("SELECT") :] + "\n```", 0
+        while cut < len(text):
+            step = rng.randint(1, 6)
+            tries = [text[cut : cut + step]] + [
+                other[len("SELECT") :][cut : cut + rng.randint(1, 6)] for other in rng.sample(GROWN, 6)
+            ]
+            for extra in tries:
+                candidate = text[:cut] + extra
+                fresh = copy.copy(rule).accepts(candidate, cut)
+                assert rule.accepts(candidate, cut) == fresh, (candidate, cut)
+            cut += step

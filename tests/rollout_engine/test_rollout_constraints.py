@@ -12,7 +12,13 @@ import torch
 from rl.algo.batch import collate_rollouts
 from rl.algo.logprobs import token_logprobs
 from rollout_engine import SamplingParams
-from rollout_engine.constraints import CANDIDATE_MASS, MAX_CANDIDATES, ConstraintStats
+from rollout_engine.constraints import (
+    CANDIDATE_MASS,
+    MAX_CANDIDATES,
+    CompletionText,
+    ConstraintStats,
+    decoder,
+)
 from rollout_engine.sampling_params import SamplingParamsError
 from rollout_engine.sequence import Sequence
 from rollout_engine.step_sampling import sample_step
@@ -192,3 +198,50 @@ def test_a_constraint_needs_accepts_and_the_engine_a_tokenizer(llama):
     engine = make_engine(llama)
     with pytest.raises(SamplingParamsError, match="tokenizer"):
         engine.generate(random_prompts([3]), SamplingParams(max_tokens=2, constraint=Nothing()))
+
+
+TEXTS = [
+    "```sql\nSELECT T1.name ,  count(*) FROM singer AS T1 GROUP BY T1.name ORDER BY 2 DESC\n```",
+    "Café déjà vu: naïve façade, 東京の天気 and 🎉🎊 emoji 👩‍👩‍👧 in one reply.",
+    " don't  won't , it's  ( x ) ; ok !",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_a_candidates_text_is_what_decoding_the_whole_completion_with_it_gives(smollm2, text):
+    """Every prefix of tokenized replies (multi-byte characters split across byte-level tokens included),
+    followed by tokens that complete, split or open characters and by special tokens: the text the constraint
+    is shown is the tokenizer's own decoding of the completion with the candidate."""
+    tokenizer = smollm2[1]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    decode, local = decoder(tokenizer)
+    assert local  # SmolLM2's byte-level BPE does not clean up spaces: the tail path is the one under test
+    rng = random.Random(0)
+    specials = list(tokenizer.all_special_ids)
+    for n in range(len(ids) + 1):
+        completion = ids[:n]
+        text_of = CompletionText(decode, local, completion)
+        assert text_of.start == len(tokenizer.decode(completion, skip_special_tokens=True))
+        candidates = ids[n : n + 3] + specials + rng.sample(range(len(tokenizer)), 20)
+        for token in candidates:
+            assert text_of.after(token) == tokenizer.decode([*completion, token], skip_special_tokens=True)
+
+
+class CleansSpaces:
+    """A tokenizer that writes token i as WORDS[i] and, like transformers' clean-up, joins " n't" to the word
+    before it: a rewrite that can reach back past the completion's last tokens."""
+
+    WORDS = [" do", " ", "n", "'", "t", ""]
+    clean_up_tokenization_spaces = True
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.WORDS[i] for i in ids).replace(" n't", "n't")
+
+
+def test_a_tokenizer_that_cleans_up_spaces_decodes_each_candidate_with_its_whole_completion():
+    decode, local = decoder(CleansSpaces())
+    assert not local
+    completion = [0, 1, 2, 5, 5, 3]  # " do n'": its last four tokens hold "n'" without the space before it
+    assert CompletionText(decode, local, completion).after(4) == " don't"
+    # decoded after the tail alone, the same candidate would read " do n't"
+    assert CompletionText(decode, True, completion).after(4) == " do n't"
