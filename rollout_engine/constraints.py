@@ -191,7 +191,7 @@ class _Verdicts:
     tokenizer: object
     stats: ConstraintStats
     seen: dict[tuple, dict[int, bool]] = field(default_factory=dict)
-    decoder: tuple = ()
+    decoder: tuple = field(init=False)  # decoder(tokenizer)
 
     def __post_init__(self) -> None:
         self.decoder = decoder(self.tokenizer)
