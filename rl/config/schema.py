@@ -190,13 +190,16 @@ class SftConfig(Settings):
 @dataclass
 class EvalConfig(Settings):
     """Sampled scoring beside greedy accuracy: at every evaluation point of a run (the held-out set) and in
-    mode=eval (the transfer set too)."""
+    mode=eval (the transfer set too); and whether a run scores the policy it starts from."""
 
     RULES = (
         ("samples", at_least(0), "use an integer >= 0 (0: greedy accuracy alone; K: pass@k from K samples)"),
     )
 
     samples: int = 0  # K > 0: pass@k, k = 1, 2, 4 ... K, from K samples a task at the rollout's settings
+    # a fresh run first scores the policy it starts from (the base model, or checkpoint='s adapter); false
+    # skips that where its score is known (a checkpoint its own run scored), and summary.json leaves it None
+    at_start: bool = True
 
 
 @dataclass

@@ -166,17 +166,19 @@ def stages_before_grpo(
     start: tuple[str, int] = ("base", 0),
 ) -> list[EvalPoint]:
     """A fresh run scores the policy it starts from (`start`: the base model, or ("checkpoint", its step)
-    when cfg.checkpoint gave the adapter), then (sft.steps > 0) runs the warm start and scores it again;
-    step 0 of the log holds what GRPO starts from."""
-    with timer("eval"):
-        evals = [eval_point(parts, cfg, *start, bars, transfer=True)]
+    when cfg.checkpoint gave the adapter; not with eval.at_start=false), then (sft.steps > 0) runs the warm
+    start and scores it again; step 0 of the log holds what GRPO starts from, where it was scored."""
+    evals = []
+    if cfg.eval.at_start:
+        with timer("eval"):
+            evals.append(eval_point(parts, cfg, *start, bars, transfer=True))
     if cfg.sft.steps > 0:
-        if logger is not None:
+        if logger is not None and evals:
             logger.log_stage(start[0], 0, evals[-1].metrics())
         with timer("sft"):
             evals += supervised_warm_start(parts, cfg, logger, bars, timer)
         with timer("eval"):
             evals.append(eval_point(parts, cfg, "sft", cfg.sft.steps, bars, transfer=True))
-    if logger is not None:
+    if logger is not None and evals:
         logger.log(0, evals[-1].metrics())
     return evals

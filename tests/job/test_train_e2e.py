@@ -506,6 +506,14 @@ def test_a_new_run_starts_from_another_runs_checkpoint(tmp_path):
     assert grpo.summary["grpo_start_accuracy"] == warm.evals[-1].result.accuracy
     more = run(tmp_path / "c", "num_steps=0", f"checkpoint={step_0}", *WARM)
     assert [(p.stage, p.step) for p in more.evals] == [("checkpoint", 0), ("sft", 2)]  # a warm start on top
+    # without scoring the checkpoint again: the same GRPO step, from the same adapter
+    unscored = run(tmp_path / "d", "num_steps=1", f"checkpoint={step_0}", "eval.at_start=false", SMALL_SQL)
+    assert [(p.stage, p.step) for p in unscored.evals] == [("grpo", 1)]
+    assert not (tmp_path / "d" / "evals" / "held_out_checkpoint_0.jsonl").exists()
+    assert unscored.summary["grpo_start_accuracy"] is None
+    assert unscored.history[0]["policy_loss"] == grpo.history[0]["policy_loss"]
+    a, b = lora_tensors(grpo.parts.model), lora_tensors(unscored.parts.model)
+    assert all(torch.equal(a[name], b[name]) for name in a)
 
 
 def test_a_start_checkpoint_that_is_not_one_stops_the_run_before_the_model_loads(tmp_path, monkeypatch):
