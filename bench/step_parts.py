@@ -142,7 +142,7 @@ def run_arm(overrides: list[str], log: ForwardLog) -> dict:
                 "other_s": wall - sum(phases.values()),
                 "rollout_tokens_per_s": record["rollout/tokens_per_s"],
                 "completion_mean_length": record["completions/mean_length"],
-                "peak_gb": record.get("memory/trainer_peak_gb"),
+                "peak_gb": record.get("memory/peak_rss_gb"),
                 "trainer_forwards": len(ran),
                 "trained_tokens": sum(f.tokens for f in ran if f.grad),
                 "matmul_floor_s": matmul_floor_s(model, ran) if ran else 0.0,

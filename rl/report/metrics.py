@@ -134,16 +134,15 @@ def engine_metrics(engine: Any, before: dict[str, int], generate_s: float) -> di
 
 
 def memory_metrics(engine: Any) -> dict[str, float]:
-    """Peak trainer memory (CUDA allocator, or the process's peak RSS on CPU), and the engine's KV pool: the
-    most it held (resident pages on the CPU) and what it reserved."""
-    if torch.cuda.is_available():
-        trainer_peak = torch.cuda.max_memory_allocated()
-    else:
-        scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
-        trainer_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-    stats = engine.stats()
-    return {
-        "memory/trainer_peak_gb": trainer_peak / 2**30,
-        "memory/engine_gb": stats["kv_bytes_resident_peak"] / 2**30,
-        "memory/engine_reserved_gb": stats["kv_bytes_total"] / 2**30,
+    """The process's peak resident memory since it started (trainer, engine and all), on a GPU the CUDA
+    allocator's peak too, and the engine's KV pool: the most it held (resident pages on the CPU) and what it
+    reserved."""
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+    metrics = {
+        "memory/peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**30,
+        "memory/kv_held_peak_gb": engine.stats()["kv_bytes_resident_peak"] / 2**30,
+        "memory/kv_reserved_gb": engine.stats()["kv_bytes_total"] / 2**30,
     }
+    if torch.cuda.is_available():
+        metrics["memory/cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return metrics

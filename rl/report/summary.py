@@ -232,8 +232,9 @@ def summary_text(summary: dict[str, Any], history: Sequence[dict[str, float]], t
     if history:
         last = history[-1]
         lines.append(
-            f"peak memory: trainer {last['memory/trainer_peak_gb']:.2f} GB, "
-            f"engine KV pool {last['memory/engine_gb']:.2f} GB held of "
-            f"{last['memory/engine_reserved_gb']:.2f} GB reserved"
+            f"peak memory: process RSS {last['memory/peak_rss_gb']:.2f} GB"
+            + (f", CUDA {last['memory/cuda_peak_gb']:.2f} GB" if "memory/cuda_peak_gb" in last else "")
+            + f", engine KV pool {last['memory/kv_held_peak_gb']:.2f} GB held of "
+            f"{last['memory/kv_reserved_gb']:.2f} GB reserved"
         )
     return "\n".join(lines)

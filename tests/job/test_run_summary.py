@@ -14,9 +14,9 @@ from rl.report.summary import EvalPoint, run_summary, summary_text, write_summar
 def history_step(reward, **extra):
     return {
         "reward": reward,
-        "memory/trainer_peak_gb": 1.25,
-        "memory/engine_gb": 0.5,
-        "memory/engine_reserved_gb": 7.75,
+        "memory/peak_rss_gb": 1.25,
+        "memory/kv_held_peak_gb": 0.5,
+        "memory/kv_reserved_gb": 7.75,
         **extra,
     }
 
@@ -63,7 +63,9 @@ def test_summary_keys_separate_the_warm_start_from_grpo(tmp_path):
     assert "  filter                    0.000  0.500     60" in text
     assert "train reward (mean per 1 step(s)): 0.10 0.30" in text
     assert "sft 30s (30%)" in text and "train 40s (40%)" in text and "(wall 1500s)" in text
-    assert "peak memory: trainer 1.25 GB, engine KV pool 0.50 GB held of 7.75 GB reserved" in text
+    assert "peak memory: process RSS 1.25 GB, engine KV pool 0.50 GB held of 7.75 GB reserved" in text
+    on_gpu = summary_text(summary, [history_step(0.3, **{"memory/cuda_peak_gb": 3.5})], StepTimer())
+    assert "peak memory: process RSS 1.25 GB, CUDA 3.50 GB, engine KV pool 0.50 GB held" in on_gpu
 
 
 def test_without_a_warm_start_grpo_starts_at_the_base_and_a_resume_knows_neither():

@@ -75,9 +75,9 @@ METRIC_NAMES = (
     "time/env",
     "time/train",
     "time/sync",
-    "memory/trainer_peak_gb",
-    "memory/engine_gb",
-    "memory/engine_reserved_gb",
+    "memory/peak_rss_gb",
+    "memory/kv_held_peak_gb",
+    "memory/kv_reserved_gb",
     "eval/accuracy",
 )
 
