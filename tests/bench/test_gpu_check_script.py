@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.sh"
-PARTS = ["gpu_tests", "paged_attention", "decode_graphs", "rollout", "weight_sync", "lora"]
+PARTS = ["gpu_tests", "paged_attention", "decode_graphs", "rollout", "weight_sync", "lora"]  # run by default
+NAMED_PARTS = ["job"]  # run only when named
 NO_CUDA = re.compile(
     r"(\w+): FAIL, CUDA is absent: torch \S+ \(.*\) sees no CUDA device \(CUDA_VISIBLE_DEVICES=\)"
 )
@@ -34,7 +35,7 @@ def test_a_part_run_alone_without_cuda_fails_in_one_line_and_runs_nothing(tmp_pa
 
 
 def test_every_part_fails_in_its_own_line_in_order(tmp_path):
-    for parts, expected in [((), PARTS), (("lora", "gpu_tests"), ["lora", "gpu_tests"])]:
+    for parts, expected in [((), PARTS), (("lora", "gpu_tests"), ["lora", "gpu_tests"]), (("job",), ["job"])]:
         done = run_check(tmp_path / "out", *parts)
         assert done.returncode == 3, done.stderr
         assert [NO_CUDA.fullmatch(line)[1] for line in done.stdout.splitlines()] == expected
@@ -43,12 +44,13 @@ def test_every_part_fails_in_its_own_line_in_order(tmp_path):
 def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
     done = run_check(tmp_path / "out", "gpu_tests", "attention")
     assert done.returncode == 2 and done.stdout == ""
-    assert f"unknown part 'attention'; the parts are: {' '.join(PARTS)}" in done.stderr
+    assert f"the parts are: {' '.join(PARTS)} (none: all of them), and {' '.join(NAMED_PARTS)}" in done.stderr
+    assert "unknown part 'attention'" in done.stderr
 
 
 def test_the_header_names_every_part_with_its_limit():
     header = SCRIPT.read_text().split("\nset -uo pipefail")[0]
     limits = dict(re.findall(r"\[(\w+)\]=(\d+)", SCRIPT.read_text()))
-    assert list(limits) == PARTS
+    assert list(limits) == PARTS + NAMED_PARTS
     for name, seconds in limits.items():
         assert re.search(rf"^#   {name} +{seconds} s  ", header, flags=re.M), name
