@@ -309,7 +309,8 @@ class LLMEngine:
         """Forget every cached block (call after each weight update); on the CPU the memory of every free
         block goes back to the system."""
         self.block_manager.reset_prefix_cache()
-        self.runner.release_blocks(self.block_manager.free_block_ids)
+        ref_counts = self.block_manager.ref_counts
+        self.runner.release_blocks(lambda block_id: ref_counts[block_id] == 0)
 
     # LoRA hot sync
 

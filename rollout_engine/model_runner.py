@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -61,12 +61,16 @@ class ModelRunner:
         self.kv_bytes_resident_peak = max(self.kv_bytes_resident_peak, resident)
         return resident
 
-    def release_blocks(self, block_ids: list[int]) -> None:
-        """Give the memory of free blocks back to the system (a CPU pool; see kv_pool.py). The pool only
-        grows between releases, so measuring it here and after each generate call records its peak."""
+    def release_blocks(self, is_free: Callable[[int], bool]) -> None:
+        """Give the memory of the free blocks back to the system (a CPU pool; see kv_pool.py). Only blocks
+        committed since their last release hold pages (every step commits the blocks it writes), so only
+        those are asked about: the cost follows what was written, not the pool's size (a tiny model's pool
+        has a million blocks). The pool only grows between releases, so measuring it here and after each
+        generate call records its peak."""
         self.kv_bytes_resident()
-        release_blocks(self.kv_pool, block_ids)
-        self._committed.difference_update(block_ids)
+        free = [block_id for block_id in self._committed if is_free(block_id)]
+        release_blocks(self.kv_pool, free)
+        self._committed.difference_update(free)
 
     def _commit(self, block_ids: Iterable[int]) -> None:
         """Commit the memory of the blocks a step is about to write, where the pool commits on write: in a few

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout_engine import SamplingParams
+from rollout_engine import SamplingParams, model_runner
 from rollout_engine.kv_pool import (
     allocate_kv_pool,
     commit_blocks,
@@ -183,6 +183,34 @@ def test_engine_holds_the_blocks_it_handed_out_and_gives_them_back_at_a_reset(mo
     in_use[sorted(handed_out[2])] = True
     assert pool[:, :, ~in_use].abs().max().item() == 0.0  # never written, or released
     assert all(pool[:, :, block_id].abs().max().item() > 0 for block_id in handed_out[2])
+
+
+@linux_only
+def test_a_reset_releases_the_blocks_written_and_free_not_the_whole_pool(monkeypatch):
+    """A tiny model's pool has a million blocks; a reset after each weight update must cost what the steps
+    wrote, so it hands the system only the free blocks written since their last release."""
+    engine = make_engine(make_tiny_model("llama"), block_size=32, memory_budget_bytes=2**30)
+    released: list[list[int]] = []
+
+    def recording_release(pool, block_ids):
+        released.append(list(block_ids))
+        release_blocks(pool, block_ids)
+
+    monkeypatch.setattr(model_runner, "release_blocks", recording_release)
+    sampled = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=0)
+    engine.generate(random_prompts([40] * 3, seed=5), sampled)  # its blocks stay cached, free at the reset
+    prompt = random_prompts([64], seed=4)[0]
+    running = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=40))
+    for _ in range(3):
+        engine.step()
+    (seq,) = engine.scheduler.running
+    in_use = set(seq.block_table)
+    written = set(engine.runner._committed)
+    engine.reset_prefix_cache()
+    assert engine.block_manager.num_blocks > 1000 * len(written)  # the rest was never written
+    assert in_use <= written and sorted(released[-1]) == sorted(written - in_use)
+    assert engine.stats()["kv_bytes_resident"] == len(in_use) * engine.stats()["kv_bytes_per_block"]
+    engine.abort_request(running)
 
 
 @linux_only
