@@ -35,6 +35,7 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
+        self.num_shared = 0  # blocks whose count is above 1, kept as counts change (a pool may hold millions)
         self.block_hash: list[int | None] = [None] * num_blocks
         self.free_block_ids = list(range(num_blocks - 1, -1, -1))
         self.evictable: OrderedDict[int, None] = OrderedDict()
@@ -52,7 +53,8 @@ class BlockManager:
         return self.num_blocks - self.num_free_blocks
 
     def num_shared_blocks(self) -> int:
-        return sum(1 for count in self.ref_counts if count > 1)
+        """Blocks held by more than one sequence."""
+        return self.num_shared
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
@@ -127,13 +129,19 @@ class BlockManager:
     def _ref_cached_block(self, block_id: int) -> None:
         if self.ref_counts[block_id] == 0:
             del self.evictable[block_id]
-        self.ref_counts[block_id] += 1
+        self._add_ref(block_id)
+
+    def _add_ref(self, block_id: int) -> None:
+        count = self.ref_counts[block_id] + 1
+        self.ref_counts[block_id] = count
+        self.num_shared += count == 2
 
     def _release_block(self, block_id: int) -> None:
         count = self.ref_counts[block_id]
         if count <= 0:
             raise RuntimeError(f"block {block_id} released while free (double free)")
         self.ref_counts[block_id] = count - 1
+        self.num_shared -= count == 2
         if count > 1:
             return
         if self.block_hash[block_id] is not None:
@@ -198,7 +206,7 @@ class BlockManager:
         child.num_computed_tokens = parent.num_computed_tokens
         child.kv_policy_version = parent.kv_policy_version
         for block_id in child.block_table:
-            self.ref_counts[block_id] += 1
+            self._add_ref(block_id)
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks, tail first so shared prefixes stay cached longest."""

@@ -138,10 +138,11 @@ def memory_metrics(engine: Any) -> dict[str, float]:
     allocator's peak too, and the engine's KV pool: the most it held (resident pages on the CPU) and what it
     reserved."""
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+    stats = engine.stats()
     metrics = {
         "memory/peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**30,
-        "memory/kv_held_peak_gb": engine.stats()["kv_bytes_resident_peak"] / 2**30,
-        "memory/kv_reserved_gb": engine.stats()["kv_bytes_total"] / 2**30,
+        "memory/kv_held_peak_gb": stats["kv_bytes_resident_peak"] / 2**30,
+        "memory/kv_reserved_gb": stats["kv_bytes_total"] / 2**30,
     }
     if torch.cuda.is_available():
         metrics["memory/cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30

@@ -192,6 +192,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             for block_id in seq.block_table:
                 expected[block_id] += 1
         assert self.bm.ref_counts == expected
+        assert self.bm.num_shared_blocks() == sum(count > 1 for count in expected)
 
     @invariant()
     def free_plus_used_is_total(self):
