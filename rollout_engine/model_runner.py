@@ -13,6 +13,7 @@ from rollout_engine.kv_pool import (
     commit_blocks,
     commits_on_write,
     release_blocks,
+    resident_blocks,
     resident_bytes,
 )
 from rollout_engine.lora import LoraTokens
@@ -62,13 +63,12 @@ class ModelRunner:
         return resident
 
     def release_blocks(self, is_free: Callable[[int], bool]) -> None:
-        """Give the memory of the free blocks back to the system (a CPU pool; see kv_pool.py). Only blocks
-        committed since their last release hold pages (every step commits the blocks it writes), so only
-        those are asked about: the cost follows what was written, not the pool's size (a tiny model's pool
-        has a million blocks). The pool only grows between releases, so measuring it here and after each
-        generate call records its peak."""
+        """Give the memory of the free blocks back to the system (a CPU pool; see kv_pool.py). Only the free
+        blocks on resident pages are released: the cost follows what was touched, not the pool's size (a
+        tiny model's pool has a million blocks). The pool only grows between releases, so measuring it here
+        and after each generate call records its peak."""
         self.kv_bytes_resident()
-        free = [block_id for block_id in self._committed if is_free(block_id)]
+        free = [block_id for block_id in resident_blocks(self.kv_pool) if is_free(block_id)]
         release_blocks(self.kv_pool, free)
         self._committed.difference_update(free)
 

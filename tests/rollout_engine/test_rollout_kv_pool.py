@@ -208,7 +208,9 @@ def test_a_reset_releases_the_blocks_written_and_free_not_the_whole_pool(monkeyp
     written = set(engine.runner._committed)
     engine.reset_prefix_cache()
     assert engine.block_manager.num_blocks > 1000 * len(written)  # the rest was never written
-    assert in_use <= written and sorted(released[-1]) == sorted(written - in_use)
+    # the written blocks not in use, and their free neighbours that may share a page with them
+    assert in_use <= written and written - in_use <= set(released[-1])
+    assert not set(released[-1]) & in_use and len(released[-1]) <= 3 * len(written)
     assert engine.stats()["kv_bytes_resident"] == len(in_use) * engine.stats()["kv_bytes_per_block"]
     engine.abort_request(running)
 
