@@ -3,23 +3,16 @@ activations of the micro-batches, interleaved with tensors that stay, for the re
 
 import ctypes
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from rl.algo.trainer import optimizer_step
+from tests.helpers.proc_status import proc_status_bytes
 
 glibc_only = pytest.mark.skipif(
     sys.platform != "linux" or not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="glibc's heap"
 )
-
-
-def vm_rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS line in /proc/self/status")
 
 
 @glibc_only
@@ -33,7 +26,7 @@ def test_an_optimizer_step_returns_the_freed_activations_to_the_system():
         kept.append(torch.ones(2**18))
     (weight.sum() * sum(a.sum() for a in activations)).backward()
     del activations
-    before = vm_rss_bytes()
+    before = proc_status_bytes("VmRSS")
     optimizer_step(optimizer, None, [weight], max_grad_norm=None, loss=torch.tensor(0.0))
-    assert before - vm_rss_bytes() > 150 * 2**20
+    assert before - proc_status_bytes("VmRSS") > 150 * 2**20
     assert len(kept) == 200

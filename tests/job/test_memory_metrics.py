@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rl.report.metrics import memory_metrics
+from tests.helpers.proc_status import proc_status_bytes
 
 GIB = 2**30
 ENGINE = SimpleNamespace(stats=lambda: {"kv_bytes_resident_peak": 3 * GIB // 4, "kv_bytes_total": 2 * GIB})
@@ -18,20 +19,14 @@ def test_the_engine_reports_its_pool_held_at_most_and_reserved():
     assert metrics["memory/kv_held_peak_gb"] == 0.75 and metrics["memory/kv_reserved_gb"] == 2.0
 
 
-def proc_status_gb(field):
-    """A memory line of /proc/self/status (kB), in GiB: the kernel's own account."""
-    line = next(li for li in open("/proc/self/status") if li.startswith(field + ":"))
-    return int(line.split()[1]) / 2**20
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
 def test_the_peak_rss_is_the_kernels_high_water_mark_and_counts_a_live_block():
     block = torch.ones(GIB // 4, dtype=torch.float32)  # 1 GiB, every page written
-    resident = proc_status_gb("VmRSS")
+    resident = proc_status_bytes("VmRSS") / GIB
     peak = memory_metrics(ENGINE)["memory/peak_rss_gb"]
     del block
     assert resident >= 1.0 and peak >= resident - 0.01  # the kernel batches its page counts by thread
-    assert peak == pytest.approx(proc_status_gb("VmHWM"), abs=0.01)
+    assert peak == pytest.approx(proc_status_bytes("VmHWM") / GIB, abs=0.01)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run also has the CUDA allocator's peak")

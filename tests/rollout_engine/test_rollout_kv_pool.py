@@ -6,7 +6,6 @@ import gc
 import mmap
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from rollout_engine.kv_pool import (
     release_blocks,
     resident_bytes,
 )
+from tests.helpers.proc_status import proc_status_bytes
 from tests.helpers.rollout_tiny_models import hf_greedy, make_engine, make_tiny_model, random_prompts
 
 CPU = torch.device("cpu")
@@ -35,13 +35,6 @@ populates = pytest.mark.skipif(
 )
 
 
-def vm_rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS line in /proc/self/status")
-
-
 def pages_under(tensor: torch.Tensor) -> set[int]:
     """Page numbers of the bytes a contiguous tensor spans, from its address alone."""
     start = tensor.data_ptr()
@@ -51,11 +44,11 @@ def pages_under(tensor: torch.Tensor) -> set[int]:
 
 @linux_only
 def test_a_gib_pool_costs_no_memory_until_written():
-    before = vm_rss_bytes()
+    before = proc_status_bytes("VmRSS")
     # the SmolLM2 shape: 30 layers, 3 KV heads of 64 dims, 16-token blocks; 1456 blocks = 1.0 GiB
     pool = allocate_kv_pool(30, 1456, 16, 3, 64, torch.float32, CPU)
     assert pool.shape == (30, 2, 1456, 16, 3, 64) and pool.numel() * 4 == 1456 * 737280
-    assert vm_rss_bytes() - before < 16 * 2**20
+    assert proc_status_bytes("VmRSS") - before < 16 * 2**20
     assert resident_bytes(pool) == 0
 
 
