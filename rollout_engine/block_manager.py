@@ -35,7 +35,7 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
-        self.num_shared = 0  # blocks whose count is above 1, kept as counts change (a pool may hold millions)
+        self._num_shared = 0  # blocks whose count is above 1, kept as counts change (pools hold millions)
         self.block_hash: list[int | None] = [None] * num_blocks
         self.free_block_ids = list(range(num_blocks - 1, -1, -1))
         self.evictable: OrderedDict[int, None] = OrderedDict()
@@ -54,7 +54,7 @@ class BlockManager:
 
     def num_shared_blocks(self) -> int:
         """Blocks held by more than one sequence."""
-        return self.num_shared
+        return self._num_shared
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
@@ -134,14 +134,14 @@ class BlockManager:
     def _add_ref(self, block_id: int) -> None:
         count = self.ref_counts[block_id] + 1
         self.ref_counts[block_id] = count
-        self.num_shared += count == 2
+        self._num_shared += count == 2
 
     def _release_block(self, block_id: int) -> None:
         count = self.ref_counts[block_id]
         if count <= 0:
             raise RuntimeError(f"block {block_id} released while free (double free)")
         self.ref_counts[block_id] = count - 1
-        self.num_shared -= count == 2
+        self._num_shared -= count == 2
         if count > 1:
             return
         if self.block_hash[block_id] is not None:

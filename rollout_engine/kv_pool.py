@@ -56,11 +56,12 @@ def allocate_kv_pool(
     return torch.frombuffer(mapping, dtype=dtype).view(shape)
 
 
-def _resident_pages(pool: torch.Tensor) -> tuple[int, bytearray]:
-    """(address of the pool's first page, one byte a page whose bit 0 says it is resident), by mincore."""
-    page = mmap.PAGESIZE
+def _resident_pages(pool: torch.Tensor) -> tuple[int, bytearray, int]:
+    """(address of the pool's first page, one byte a page whose bit 0 says it is resident, the bytes of the
+    pool on resident pages), by mincore."""
+    page, nbytes = mmap.PAGESIZE, pool.numel() * pool.element_size()
     start = pool.data_ptr() // page * page
-    num_pages = ceil_div(pool.data_ptr() + pool.numel() * pool.element_size() - start, page)
+    num_pages = ceil_div(pool.data_ptr() + nbytes - start, page)
     pages = bytearray(num_pages)
     status = libc().mincore(
         ctypes.c_void_p(start),
@@ -70,7 +71,7 @@ def _resident_pages(pool: torch.Tensor) -> tuple[int, bytearray]:
     if status != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mincore could not read the KV pool's pages: {os.strerror(errno)}")
-    return start, pages
+    return start, pages, min(nbytes, (num_pages - pages.count(0)) * page)
 
 
 def resident_bytes(pool: torch.Tensor) -> int:
@@ -80,28 +81,27 @@ def resident_bytes(pool: torch.Tensor) -> int:
     nbytes = pool.numel() * pool.element_size()
     if not commits_on_write(pool.device) or sys.platform != "linux":
         return nbytes
-    _, pages = _resident_pages(pool)
-    return min(nbytes, (len(pages) - pages.count(0)) * mmap.PAGESIZE)
+    return _resident_pages(pool)[2]
 
 
-def resident_blocks(pool: torch.Tensor) -> list[int]:
-    """The blocks that lie, in any layer's K or V, on a page held in memory (a Linux CPU pool; elsewhere
-    none): the only blocks whose release can give memory back, found at the cost of the pool's page map
-    rather than of its block count."""
+def resident_blocks(pool: torch.Tensor) -> tuple[int, list[int]]:
+    """(resident_bytes(pool), the blocks that lie, in any layer's K or V, on a page held in memory) from one
+    read of the page map. Those are the only blocks whose release can give memory back, found at the cost of
+    the page map rather than of the block count; off a Linux CPU there are none."""
+    page, nbytes = mmap.PAGESIZE, pool.numel() * pool.element_size()
     if not commits_on_write(pool.device) or sys.platform != "linux":
-        return []
-    start, pages = _resident_pages(pool)
+        return nbytes, []
+    start, pages, resident = _resident_pages(pool)
     held = torch.nonzero(torch.frombuffer(pages, dtype=torch.uint8) & 1).flatten()
     if not held.numel():
-        return []
-    page, nbytes = mmap.PAGESIZE, pool.numel() * pool.element_size()
+        return resident, []
     block_bytes = pool[0, 0, 0].numel() * pool.element_size()
     first = (held * page + (start - pool.data_ptr())).clamp(0, nbytes - 1)
     last = (first + page - 1).clamp(max=nbytes - 1)
     span = torch.arange(ceil_div(page, block_bytes) + 1)  # the most blocks one page can touch
     slab_blocks = (first // block_bytes)[:, None] + span
     touched = slab_blocks[slab_blocks <= (last // block_bytes)[:, None]]
-    return torch.unique(touched % pool.shape[2]).tolist()
+    return resident, torch.unique(touched % pool.shape[2]).tolist()
 
 
 def _runs(block_ids: Iterable[int]) -> list[tuple[int, int]]:

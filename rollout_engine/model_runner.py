@@ -58,7 +58,10 @@ class ModelRunner:
     def kv_bytes_resident(self) -> int:
         """Bytes of the pool held in memory now (on the CPU, the pages written since they were last
         released)."""
-        resident = resident_bytes(self.kv_pool)
+        return self._held(resident_bytes(self.kv_pool))
+
+    def _held(self, resident: int) -> int:
+        """`resident` bytes measured: the peak goes up to it."""
         self.kv_bytes_resident_peak = max(self.kv_bytes_resident_peak, resident)
         return resident
 
@@ -67,8 +70,9 @@ class ModelRunner:
         blocks on resident pages are released: the cost follows what was touched, not the pool's size (a
         tiny model's pool has a million blocks). The pool only grows between releases, so measuring it here
         and after each generate call records its peak."""
-        self.kv_bytes_resident()
-        free = [block_id for block_id in resident_blocks(self.kv_pool) if is_free(block_id)]
+        resident, blocks = resident_blocks(self.kv_pool)  # one read of the page map for both
+        self._held(resident)
+        free = [block_id for block_id in blocks if is_free(block_id)]
         release_blocks(self.kv_pool, free)
         self._committed.difference_update(free)
 
