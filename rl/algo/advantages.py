@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -18,6 +20,11 @@ class RewardStats:
     reward_mean: float
     reward_std: float
     frac_reward_zero_std: float
+
+
+def group_rewards(groups: Sequence[Sequence[Any]]) -> torch.Tensor:
+    """The rewards [num_prompts, G] of played groups (`rl.rollout.play.Trajectory`'s `reward`)."""
+    return torch.tensor([[t.reward for t in group] for group in groups], dtype=torch.float32)
 
 
 def _check_rewards(rewards: torch.Tensor, min_group_size: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -134,4 +135,22 @@ def collate_rollouts(
         completion_lengths=torch.tensor([len(c) for c in completion_ids], dtype=torch.long),
         truncated=torch.tensor(list(truncated), dtype=torch.bool),
         support_ids=support_ids,
+    )
+
+
+def to_rollout_batch(
+    groups: Sequence[Sequence[Any]], advantages: torch.Tensor, pad_token_id: int
+) -> RolloutBatch:
+    """The padded batch of played groups' episodes (`rl.rollout.play.Trajectory`), with their advantages
+    [num_prompts, G]."""
+    flat = [t for group in groups for t in group]
+    return collate_rollouts(
+        prompt_ids=[t.prompt_ids for t in flat],
+        completion_ids=[t.completion_ids for t in flat],
+        completion_logprobs=[t.logprobs for t in flat],
+        advantages=advantages,
+        truncated=[t.truncated for t in flat],
+        pad_token_id=pad_token_id,
+        completion_masks=[t.completion_mask for t in flat],
+        completion_supports=[t.supports for t in flat],
     )

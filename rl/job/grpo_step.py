@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from peft import PeftModel
 
 from envs import start_episodes, step_episodes
-from rl.algo.advantages import compute_advantages, filter_zero_std_groups
-from rl.algo.batch import RolloutBatch
+from rl.algo.advantages import compute_advantages, filter_zero_std_groups, group_rewards
+from rl.algo.batch import RolloutBatch, to_rollout_batch
 from rl.algo.step_stats import StepStats
 from rl.algo.trainer import train_step
 from rl.job import distributed as dp
@@ -24,7 +24,7 @@ from rl.job.guidance import guide_failed_groups
 from rl.job.parts import Parts, grpo_version
 from rl.job.sampling import sampling_params
 from rl.report.metrics import StepTimer, engine_metrics, memory_metrics, reward_metrics
-from rl.rollout.play import group_outcomes, group_rewards, play_groups, to_rollout_batch
+from rl.rollout.play import group_outcomes, play_groups
 from rl.sync.adapter import lora_tensors
 from rl.tasks import TaskOrder
 from rl.tasks.curriculum import Curriculum

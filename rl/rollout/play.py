@@ -16,9 +16,6 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-import torch
-
-from rl.algo.batch import RolloutBatch, collate_rollouts
 from rl.rollout.prompts import prompt_token_ids
 from rl.seeding import derive_seed
 
@@ -182,25 +179,3 @@ def succeeded(env: Any, trajectory: Trajectory) -> bool:
 def group_outcomes(env: Any, tasks: Sequence[Any], played: Sequence[Sequence[Trajectory]]) -> list[tuple]:
     """(task row, successes, attempts) of each task's played group: what a task order records."""
     return [(task, sum(succeeded(env, t) for t in g), len(g)) for task, g in zip(tasks, played, strict=True)]
-
-
-def group_rewards(groups: Sequence[Sequence[Trajectory]]) -> torch.Tensor:
-    """The episodes' rewards [num_prompts, G]."""
-    return torch.tensor([[t.reward for t in group] for group in groups], dtype=torch.float32)
-
-
-def to_rollout_batch(
-    groups: Sequence[Sequence[Trajectory]], advantages: torch.Tensor, pad_token_id: int
-) -> RolloutBatch:
-    """The padded training batch of the groups' episodes, with their advantages [num_prompts, G]."""
-    flat = [t for group in groups for t in group]
-    return collate_rollouts(
-        prompt_ids=[t.prompt_ids for t in flat],
-        completion_ids=[t.completion_ids for t in flat],
-        completion_logprobs=[t.logprobs for t in flat],
-        advantages=advantages,
-        truncated=[t.truncated for t in flat],
-        pad_token_id=pad_token_id,
-        completion_masks=[t.completion_mask for t in flat],
-        completion_supports=[t.supports for t in flat],
-    )

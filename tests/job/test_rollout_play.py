@@ -7,9 +7,10 @@ import torch
 from transformers import AutoTokenizer
 
 from envs import StepResult, step_episodes
-from rl.algo.advantages import compute_advantages
+from rl.algo.advantages import compute_advantages, group_rewards
+from rl.algo.batch import to_rollout_batch
 from rl.job.model_loading import smollm2_checkpoint_dir
-from rl.rollout.play import group_rewards, play_groups, to_rollout_batch
+from rl.rollout.play import play_groups
 from rl.rollout.prompts import prompt_token_ids
 from rl.tasks.stream import TaskStream
 from rollout_engine import SamplingParams

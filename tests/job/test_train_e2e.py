@@ -11,7 +11,8 @@ from datasets import Dataset, DatasetDict
 
 import train
 from envs import BaseEnv, EnvError, StepResult
-from rl.algo.advantages import compute_advantages
+from rl.algo.advantages import compute_advantages, group_rewards
+from rl.algo.batch import to_rollout_batch
 from rl.job import distributed as dp
 from rl.job import modes, stages
 from rl.job.checkpoint import RunDirError, find_latest
@@ -20,7 +21,6 @@ from rl.job.parts import build_parts
 from rl.job.resume import resume
 from rl.job.warm_start import warm_start
 from rl.report.metrics import StepTimer
-from rl.rollout.play import group_rewards, to_rollout_batch
 from rl.settings import ConfigError
 from rl.sync.adapter import lora_tensors
 from rl.tasks.curriculum import task_key
