@@ -49,9 +49,10 @@ from rollout_workload import TASKS
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the serve package before this file, which has its name
 from rl.config.schema import register_configs  # noqa: E402
-from rl.job.modes import serving_engine  # noqa: E402
+from rl.job.modes import serving_engine, serving_name  # noqa: E402
 from rollout_engine import LLMEngine, SamplingParams  # noqa: E402
 from serve.app import Server  # noqa: E402
+from serve.engine_loop import EngineLoop  # noqa: E402
 
 MODEL = "smollm2_135m"
 OVERRIDES = ["mode=serve", f"model={MODEL}"]  # the server's and the engine arms' config
@@ -177,11 +178,15 @@ def main() -> None:
             server.send_signal(signal.SIGINT)
             server.wait(timeout=60)
         torch.set_num_threads(args.threads)
-        engine, tokenizer, name = serving_engine(serving_config(run_dir))
-    translate = Server(engine, tokenizer, name)
+        cfg = serving_config(run_dir)
+        engine = serving_engine(cfg)
+    loop = EngineLoop(lambda: engine)  # only to turn bodies into requests: it is never handed one
+    loop.start()
+    translate = Server(loop, engine.tokenizer, serving_name(cfg))
     run_engine_arm(engine, engine_requests(translate, [warm_up]), 1)
     for arm, (_, in_flight) in arms.items():
         results[f"engine_{arm}"] = run_engine_arm(engine, engine_requests(translate, bodies[arm]), in_flight)
+    loop.stop()
 
     rates = {key: tokens / seconds for key, (tokens, seconds) in results.items()}
     figures = {f"{key}_tokens_per_s": rate for key, rate in rates.items()}

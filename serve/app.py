@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 from transformers import PreTrainedTokenizerBase
 
-from rollout_engine import LLMEngine, SamplingParams, TokenOutput
+from rollout_engine import SamplingParams, TokenOutput
 from rollout_engine.requests import PromptError
 from rollout_engine.sampling_params import SamplingParamsError
 from serve.engine_loop import EngineLoop
@@ -64,9 +64,11 @@ class Reply:
 class Server:
     """The routes' state: the engine loop, the tokenizer, and the one model name this server answers to."""
 
-    def __init__(self, engine: LLMEngine, tokenizer: PreTrainedTokenizerBase, model_name: str) -> None:
-        self.loop = EngineLoop(engine)
-        self.engine = engine
+    def __init__(self, loop: EngineLoop, tokenizer: PreTrainedTokenizerBase, model_name: str) -> None:
+        if loop.engine is None:
+            raise RuntimeError("start the engine loop (EngineLoop.start) before serving from it")
+        self.loop = loop
+        self.engine = loop.engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.created = int(time.time())
@@ -226,15 +228,14 @@ async def _body(request: Request) -> object:
         raise RequestError(None, "the request body nests too deeply to read as JSON") from None
 
 
-def build_app(engine: LLMEngine, tokenizer: PreTrainedTokenizerBase, model_name: str) -> FastAPI:
-    """The server's routes over `engine`, whose loop thread runs while the app does."""
-    server = Server(engine, tokenizer, model_name)
+def build_app(loop: EngineLoop, tokenizer: PreTrainedTokenizerBase, model_name: str) -> FastAPI:
+    """The server's routes over the started engine `loop`, which the app stops when it shuts down."""
+    server = Server(loop, tokenizer, model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        server.loop.start()
         yield
-        server.loop.stop()
+        loop.stop()
 
     app = FastAPI(title="pagedrl", lifespan=lifespan)
 

@@ -1,6 +1,12 @@
-"""One thread owns the engine: it adds the requests handed to it, steps the engine while any runs, and passes
-each request's new tokens to that request's sink after every step (continuous batching: a request that arrives
-while others decode joins their batch at the next step)."""
+"""One thread owns the engine: it builds it, adds the requests handed to it, steps the engine while any runs,
+and passes each request's new tokens to that request's sink after every step (continuous batching: a request
+that arrives while others decode joins their batch at the next step).
+
+The thread that steps the engine also builds it because torch's CPU ops run on OpenMP, whose thread team
+belongs to the thread that first runs a parallel op. An engine loaded on the main thread and stepped on
+another leaves the main thread's team idle beside the stepping thread's own: more OpenMP threads than cores,
+so GNU OpenMP stops spin-waiting and every op's barrier sleeps and wakes its threads. On 2 cores that made
+16 streams' decode steps 1.3-2x slower (bench/serve.py, bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -34,16 +40,26 @@ _STOP = object()
 
 
 class EngineLoop:
-    """Steps `engine` on its own thread. submit() and abort() may be called from any thread."""
+    """Builds the engine with `build()` on its own thread, then steps it there. submit() and abort() may be
+    called from any thread once start() has returned."""
 
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
+    def __init__(self, build: Callable[[], LLMEngine]) -> None:
+        self.engine: LLMEngine | None = None
+        self._build = build
+        self._built: queue.SimpleQueue = queue.SimpleQueue()  # the engine, or what build() raised
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[int, Ticket] = {}  # engine request id -> the ticket whose sink hears it
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
-    def start(self) -> None:
+    def start(self) -> LLMEngine:
+        """Start the thread; returns the engine once it is built, or raises what building it raised."""
         self._thread.start()
+        built = self._built.get()
+        if isinstance(built, BaseException):
+            self._thread.join()
+            raise built
+        self.engine = built
+        return built
 
     def stop(self) -> None:
         """Abort every request (their sinks hear a RuntimeError) and end the thread."""
@@ -62,6 +78,12 @@ class EngineLoop:
         self._inbox.put(("abort", ticket))
 
     def _run(self) -> None:
+        try:
+            self.engine = self._build()
+        except BaseException as err:  # raised again by start(), on the caller's thread, with its traceback
+            self._built.put(err)
+            return
+        self._built.put(self.engine)
         while True:
             for message in self._messages(block=not self.engine.has_unfinished()):
                 if message is _STOP:

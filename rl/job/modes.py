@@ -16,6 +16,7 @@ from rl.job.parts import build_parts, build_policy, load_policy_checkpoint, mode
 from rl.job.stages import eval_point, held_out_set, run_pass_at_k
 from rl.report.logger import ProgressBars
 from rl.settings import ConfigError
+from rollout_engine import LLMEngine
 
 
 def eval_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
@@ -68,20 +69,26 @@ def check_serving(cfg: DictConfig, dist: dp.DistInfo) -> None:
         check_checkpoint(cfg.checkpoint)
 
 
-def serving_engine(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS):
-    """mode=serve's engine, tokenizer and model name: the model with cfg.checkpoint's adapter, or without one
-    the base model alone, with no LoRA in the engine's forward."""
-    model, tokenizer, engine = build_policy(cfg, dist, adapter=bool(cfg.checkpoint))
+def serving_engine(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> LLMEngine:
+    """mode=serve's engine (its tokenizer is `engine.tokenizer`): the model with cfg.checkpoint's adapter, or
+    without one the base model alone, with no LoRA in the engine's forward."""
+    model, _, engine = build_policy(cfg, dist, adapter=bool(cfg.checkpoint))
     if cfg.checkpoint:
         load_policy_checkpoint(cfg, model, engine)
-    name = cfg.serve.model_name or cfg.model.path or cfg.model.name.value
-    return engine, tokenizer, name
+    return engine
+
+
+def serving_name(cfg: DictConfig) -> str:
+    """The one model name mode=serve answers to."""
+    return cfg.serve.model_name or cfg.model.path or cfg.model.name.value
 
 
 def serve_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
     """mode=serve: the OpenAI-compatible server over the engine, until Ctrl-C; the port is taken before the
-    model loads, so a busy one fails at once."""
+    model loads, so a busy one fails at once. The engine is built on the thread that steps it
+    (`serve.engine_loop`)."""
     from serve.app import build_app, listen, run_server
+    from serve.engine_loop import EngineLoop
 
     check_serving(cfg, dist)
     s = cfg.serve
@@ -89,8 +96,10 @@ def serve_only(cfg: DictConfig, dist: dp.DistInfo = dp.SINGLE_PROCESS) -> None:
         sock = listen(s.host, s.port)
     except OSError as err:
         raise ConfigError(f"cannot listen on serve.host={s.host} serve.port={s.port}: {err}") from err
-    engine, tokenizer, name = serving_engine(cfg, dist)
+    loop = EngineLoop(lambda: serving_engine(cfg, dist))
+    engine = loop.start()
+    name = serving_name(cfg)
     host, port = sock.getsockname()[:2]
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     print(f"serving {name} ({cfg.checkpoint or 'base model'}) at http://{address}/v1", flush=True)
-    run_server(build_app(engine, tokenizer, name), sock)
+    run_server(build_app(loop, engine.tokenizer, name), sock)

@@ -12,6 +12,7 @@ import uvicorn
 from rl.job.model_loading import TINY_CONFIGS
 from rollout_engine import LLMEngine
 from serve import build_app, listen
+from serve.engine_loop import EngineLoop
 from tests.helpers import tiny_models
 
 MODEL = "tiny"
@@ -39,13 +40,16 @@ def tiny_engine(model, tokenizer) -> LLMEngine:
 
 
 class LiveServer:
-    """build_app over `engine`, served by uvicorn on a thread, on a port the OS picked."""
+    """build_app over a loop stepping `engine` (built here, on the test's thread), served by uvicorn on a
+    thread, on a port the OS picked."""
 
     def __init__(self, engine: LLMEngine, tokenizer, name: str = MODEL) -> None:
         self.engine = engine
         sock = listen("127.0.0.1", 0)
         self.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(build_app(engine, tokenizer, name), log_level="warning"))
+        loop = EngineLoop(lambda: engine)
+        loop.start()
+        self.server = uvicorn.Server(uvicorn.Config(build_app(loop, tokenizer, name), log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

@@ -87,7 +87,9 @@ def test_the_command_serves_the_checkpoints_adapter_and_stops_on_ctrl_c(checkpoi
 
 
 def test_without_a_checkpoint_the_base_model_is_served_with_no_lora(serve_command, tmp_path):
-    engine, tokenizer, name = serve_command.serving_engine(serve_cfg(tmp_path))
+    cfg = serve_cfg(tmp_path)
+    engine, name = serve_command.serving_engine(cfg), serve_command.serving_name(cfg)
+    tokenizer = engine.tokenizer
     assert engine.lora is None and engine.lora_buffers() == {}  # no LoRA term in any projection
     server = LiveServer(engine, tokenizer, name)
     try:
@@ -113,7 +115,8 @@ def test_an_export_is_served_without_lora_and_replies_as_the_adapter_does(
     serve_command.export_only(
         compose_cfg(tmp_path / "run", "mode=export", f"checkpoint={checkpoint}", f"export.dir={out}")
     )
-    engine, tokenizer, _ = serve_command.serving_engine(serve_cfg(tmp_path, "model=hf", f"model.path={out}"))
+    engine = serve_command.serving_engine(serve_cfg(tmp_path, "model=hf", f"model.path={out}"))
+    tokenizer = engine.tokenizer
     assert engine.lora is None
     (group,) = engine.generate([PROMPT], SamplingParams(temperature=0, max_tokens=8))
     reference = peft_reference(checkpoint)
