@@ -15,7 +15,8 @@ The engine's requests are what the server makes of the same bodies (serve/app.py
 `Server.chat`: its tokenization of the prompt, its chat template, its SamplingParams), so each engine arm
 runs the token ids and settings of its server arm. The engine is built as mode=serve builds it
 (rl/job/modes.py's `serving_engine` on the same overrides: model, dtype, no LoRA) after the server has
-stopped, so the two never compute at once, at the server's torch thread count (--threads). The 1-client and
+stopped, so the two never compute at once, at the server's torch thread count (--threads), and stepped on the
+thread that built it, as the server's loop thread does (serve/engine_loop.py). The 1-client and
 N-client requests are tagged "one" and "many" in their prompts, so neither finds the other's prompts in the
 prefix cache; a warm-up request goes first on each side. Prints each server arm's share of its engine arm's
 rate (targets: 60% for one client, 80% for N) and ends with one JSON line, with the CPU model and its vector
