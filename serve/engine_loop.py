@@ -58,7 +58,6 @@ class EngineLoop:
         if isinstance(built, BaseException):
             self._thread.join()
             raise built
-        self.engine = built
         return built
 
     def stop(self) -> None:
